@@ -1,0 +1,182 @@
+"""The ``streamvox`` command: serve, say, bench, simulate.
+
+Errors a user can fix (a missing voice file, a port in use, a server that is not running) are
+printed as one line that says what to do, with exit status 2 - never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+import wave
+from pathlib import Path
+
+from . import protocol as P
+
+
+def _serve_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the streaming TTS server")
+    p.add_argument("--host", default=os.environ.get("STREAMVOX_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("STREAMVOX_PORT", P.DEFAULT_PORT)))
+    p.add_argument(
+        "--voice-path",
+        action="append",
+        default=[],
+        metavar="X.onnx",
+        help="a Piper voice (with X.onnx.json beside it); repeat to load several. "
+        "Default: the bundled en_US-joe-medium, or $STREAMVOX_VOICE_PATH",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default=os.environ.get("STREAMVOX_DEVICE", "cpu"))
+    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("STREAMVOX_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $STREAMVOX_API_KEY, none if unset)",
+    )
+    p.add_argument("--lead-ms", type=int, default=400, help="how far paced streams run ahead of playback")
+    p.add_argument("--max-streams", type=int, default=None, help="hard cap on concurrent streams")
+    p.add_argument("--max-contexts", type=int, default=16, help="live contexts per connection")
+    p.add_argument("--log-level", default="INFO")
+
+
+def _say_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("say", help="stream a text from a running server into a WAV file")
+    p.add_argument("text", help="the text to speak ('-' reads stdin)")
+    p.add_argument("-o", "--output", default="out/say.wav")
+    p.add_argument("--url", default=os.environ.get("STREAMVOX_URL", f"ws://127.0.0.1:{P.DEFAULT_PORT}{P.WS_PATH}"))
+    p.add_argument("--voice", default=None)
+    p.add_argument("--sample-rate", type=int, default=None)
+    p.add_argument("--api-key", default=os.environ.get("STREAMVOX_API_KEY"))
+    p.add_argument("--no-pace", action="store_true", help="render as fast as possible instead of real-time pacing")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamvox", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_args(sub)
+    _say_args(sub)
+    try:
+        from .bench.cli import add_bench_parser
+    except ImportError:  # bench extras missing: the server still works
+        pass
+    else:
+        add_bench_parser(sub)
+    return parser
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed without a traceback."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(args)
+        if args.command == "say":
+            return asyncio.run(say(args))
+        return args.func(args)
+    except CliError as exc:
+        print(f"streamvox: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def load_engine(voice_paths: list[str], *, device: str = "cpu", threads: int | None = None, progress=print):
+    """Load every requested voice (the bundled one by default), with progress lines."""
+    from .engine import PiperEngine
+    from .voices import VoiceError, default_voice_path
+
+    try:
+        engine = PiperEngine(device=device, threads=threads)
+        for path in voice_paths or [str(default_voice_path())]:
+            t0 = time.perf_counter()
+            name = engine.load_voice(path, progress=progress)
+            progress(f"voice {name} ready in {time.perf_counter() - t0:.1f} s")
+    except VoiceError as exc:
+        raise CliError(str(exc)) from None
+    return engine
+
+
+def serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from .runtime import Synthesizer
+    from .scheduler import SchedulerOptions
+    from .server import Server, ServerConfig
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = load_engine(args.voice_path, device=args.device, threads=args.threads)
+    config = ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key or None, limits=P.Limits(max_contexts=args.max_contexts)
+    )
+    options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams)
+    server = Server(Synthesizer(engine, options=options), config)
+    url = f"ws://{args.host}:{args.port}{P.WS_PATH}"
+    print(
+        f"streamvox serving {sorted(engine.voices)} at {url} (HTTP: http://{args.host}:{args.port}{P.HTTP_TTS_PATH})",
+        flush=True,
+    )
+    try:
+        web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port") from None
+    return 0
+
+
+async def say(args: argparse.Namespace) -> int:
+    from .client import TTSClient, TTSConnectionError
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        async with TTSClient(args.url, api_key=args.api_key) as client:
+            result = await speak_to_wav(
+                client, text, out, voice=args.voice, sample_rate=args.sample_rate, pace=not args.no_pace
+            )
+    except TTSConnectionError as exc:
+        raise CliError(f"{exc} (is `streamvox serve` running at {args.url}?)") from None
+    print(
+        f"wrote {out}: {result['audio_s']:.2f} s of audio, TTFB {result['ttfb_ms']:.0f} ms, "
+        f"real-time factor {result['rtf']:.2f} (wall {result['wall_s']:.2f} s; paced streams take about real time)"
+    )
+    return 0
+
+
+async def speak_to_wav(client, text: str, path: Path, *, voice=None, sample_rate=None, pace=True) -> dict:
+    """Stream ``text`` into a WAV file; return TTFB, audio seconds and real-time factor."""
+    t0 = time.perf_counter()
+    ctx = await client.open(voice=voice, sample_rate=sample_rate, pace=pace)
+    await ctx.send_text(text)
+    await ctx.end()
+    ttfb = None
+    pcm = bytearray()
+    async for item in ctx:
+        if getattr(item, "pcm", None) is not None:
+            if ttfb is None:
+                ttfb = time.perf_counter() - t0
+            pcm += item.pcm
+    wall = time.perf_counter() - t0
+    rate = ctx.sample_rate
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(bytes(pcm))
+    audio_s = len(pcm) / 2 / rate
+    return {
+        "ttfb_ms": 1000 * (ttfb or wall),
+        "audio_s": audio_s,
+        "wall_s": wall,
+        "rtf": wall / audio_s if audio_s else float("inf"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""The Piper engine: pure compute, no asyncio, no sockets, no clocks.
+
+``prepare(text, voice)`` runs the front part of the split graph (phonemes -> latent frames and
+durations) and maps durations back to word timings. ``decode(windows)`` runs the back part
+(flow + vocoder) over windows of latent frames, from any number of streams in one call.
+
+Why windows with context: the flow and the vocoder are stacks of convolutions, so each output
+sample depends on a few dozen latent frames around it. Decoding ``[start, end)`` with
+``context`` extra frames on both sides and keeping only the middle reproduces a whole-utterance
+decode (measured: max abs difference < 1e-4 at 24 frames of context). A small first window
+gives a fast first byte; later, larger windows amortise the context overhead.
+
+Windows of equal padded length are stacked into one batch; different lengths run as separate
+calls. Padding to a common length would change the convolutions' edge behaviour for windows
+at the end of an utterance, so we do not pad.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .voices import DURATIONS, MASK, Z_P, VoiceError, VoiceFiles, split_voice
+
+log = logging.getLogger(__name__)
+
+HOP = 256  # audio samples per latent frame in Piper's VITS voices
+CONTEXT_FRAMES = 24
+DEFAULT_GAIN = 1.5  # raw peaks sit near 0.5-0.7; piper normalises per sentence, which needs the whole sentence
+_WORD_RE = re.compile(r"\S+")
+_SPEAKABLE_RE = re.compile(r"\w")
+# Phoneme symbols that are not sounds of their own: stress marks, length, punctuation.
+_NON_SOUNDS = set("ˈˌː.,;:!?¡¿—…\"'()-") | {"\u0329", "\u0303", "\u032a"}
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One synthesis segment after the front part: ready for windowed decoding."""
+
+    text: str
+    z_p: np.ndarray  # [1, 192, T] float32, latent frames before the flow
+    mask: np.ndarray  # [1, 1, T] float32
+    words: list[tuple[str, float, float]]  # (word, start_s, end_s) from the segment's start
+    voice: str
+
+    @property
+    def frames(self) -> int:
+        return int(self.z_p.shape[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Latent frames ``[start, end)`` of a prepared segment to turn into audio."""
+
+    prepared: Prepared
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class _Voice:
+    files: VoiceFiles
+    front: object  # onnxruntime.InferenceSession
+    back: object
+    espeak_voice: str
+    id_map: dict[str, list[int]]
+    scales: np.ndarray
+    sample_rate: int
+    word_cache: dict[str, int] = field(default_factory=dict)
+
+
+class PiperEngine:
+    """Loads Piper voices split for streaming and runs their two parts."""
+
+    def __init__(
+        self,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        gain: float = DEFAULT_GAIN,
+        noise_scale: float | None = None,
+        context: int = CONTEXT_FRAMES,
+    ) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        if device not in ("cpu", "cuda"):
+            raise VoiceError(f"device {device!r} is not supported; use 'cpu' or 'cuda'")
+        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise VoiceError(
+                "--device cuda needs the CUDA provider of onnxruntime: pip install onnxruntime-gpu "
+                f"(this onnxruntime offers {ort.get_available_providers()})"
+            )
+        self.device = device
+        self.threads = threads
+        self.gain = gain
+        self.noise_scale = noise_scale
+        self.context = context
+        self.voices: dict[str, _Voice] = {}
+        self.default_voice: str | None = None
+        self._phonemizer = None
+
+    # ------------------------------------------------------------------ loading
+    def load_voice(self, model_path: str | Path, *, progress=print) -> str:
+        """Load (once) and return the voice's name; the first voice loaded is the default."""
+        files = split_voice(model_path, progress=progress)
+        if files.name in self.voices:
+            return files.name
+        cfg = files.config
+        if int(cfg.get("num_speakers", 1)) > 1:
+            raise VoiceError(f"{files.name} is a multi-speaker voice; streamvox serves single-speaker voices")
+        if cfg.get("phoneme_type", "espeak") != "espeak":
+            raise VoiceError(f"{files.name} uses phoneme type {cfg.get('phoneme_type')!r}; only espeak is supported")
+        progress(f"loading {files.name} ({self.device}) ...")
+        inf = cfg.get("inference", {})
+        noise = inf.get("noise_scale", 0.667) if self.noise_scale is None else self.noise_scale
+        scales = np.array([noise, inf.get("length_scale", 1.0), inf.get("noise_w", 0.8)], dtype=np.float32)
+        voice = _Voice(
+            files=files,
+            front=self._session(files.front_path),
+            back=self._session(files.back_path),
+            espeak_voice=cfg.get("espeak", {}).get("voice", "en-us"),
+            id_map=cfg["phoneme_id_map"],
+            scales=scales,
+            sample_rate=int(cfg["audio"]["sample_rate"]),
+        )
+        if self.voices and voice.sample_rate != self.sample_rate:
+            raise VoiceError(
+                f"{files.name} is {voice.sample_rate} Hz but the loaded voices are {self.sample_rate} Hz; "
+                "serve voices of one native rate per process"
+            )
+        self.voices[files.name] = voice
+        self.default_voice = self.default_voice or files.name
+        self._warm_up(files.name)
+        return files.name
+
+    def _session(self, path: Path):
+        opts = self._ort.SessionOptions()
+        if self.threads:
+            opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        providers = (
+            ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
+        )
+        return self._ort.InferenceSession(str(path), opts, providers=providers)
+
+    def _warm_up(self, voice: str) -> None:
+        """First runs allocate arenas and pick kernels; do it before serving real users."""
+        prepared = self.prepare("Warming up the voice, one two three.", voice)
+        if prepared is None:  # pragma: no cover - espeak always speaks this
+            return
+        for size in (6, 12, 24, 48):
+            self.decode([Window(prepared, 0, min(size, prepared.frames))])
+
+    @property
+    def sample_rate(self) -> int:
+        if not self.voices:
+            raise VoiceError("no voice loaded: call load_voice() first")
+        return next(iter(self.voices.values())).sample_rate
+
+    def resolve(self, voice: str | None) -> str:
+        name = voice or self.default_voice
+        if name not in self.voices:
+            raise KeyError(name)
+        return name
+
+    # ------------------------------------------------------------------ front part
+    def _phonemize(self, voice: _Voice, text: str) -> list[str]:
+        if self._phonemizer is None:
+            from piper.phonemize_espeak import EspeakPhonemizer
+
+            self._phonemizer = EspeakPhonemizer()
+        sentences = self._phonemizer.phonemize(voice.espeak_voice, text)
+        phonemes: list[str] = []
+        for sentence in sentences:
+            if phonemes and sentence:
+                phonemes.append(" ")
+            phonemes.extend(sentence)
+        return phonemes
+
+    def prepare(self, text: str, voice: str | None = None) -> Prepared | None:
+        """Front part for one segment; ``None`` when the text has nothing to speak."""
+        name = self.resolve(voice)
+        v = self.voices[name]
+        text = unicodedata.normalize("NFC", text).strip()
+        if not _SPEAKABLE_RE.search(text):
+            return None
+        phonemes = [p for p in self._phonemize(v, text) if p in v.id_map]
+        if not any(p not in _NON_SOUNDS and p != " " for p in phonemes):
+            return None
+        ids = _phonemes_to_ids(phonemes, v.id_map)
+        x = np.asarray([ids], dtype=np.int64)
+        z_p, mask, durations = v.front.run(
+            [Z_P, MASK, DURATIONS],
+            {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": v.scales},
+        )
+        durations = durations.reshape(-1)
+        words = self._word_times(v, text, phonemes, durations)
+        return Prepared(
+            text=text,
+            z_p=z_p.astype(np.float32, copy=False),
+            mask=mask.astype(np.float32, copy=False),
+            words=words,
+            voice=name,
+        )
+
+    def _word_times(
+        self, v: _Voice, text: str, phonemes: list[str], durations: np.ndarray
+    ) -> list[tuple[str, float, float]]:
+        """Map per-phoneme-id durations back to the words of ``text``."""
+        sec_per_frame = HOP / v.sample_rate
+        # ids = [BOS, PAD, p0, PAD, p1, PAD, ..., EOS]: phoneme k is id 2+2k; starts[i] = start of id i.
+        starts = np.concatenate([[0.0], np.cumsum(durations)])
+        spans: list[tuple[float, float]] = []  # one (start, end) in frames per sounding phoneme
+        groups: list[list[int]] = [[]]  # phoneme-word -> indices into spans
+        for k, p in enumerate(phonemes):
+            if p == " ":
+                if groups[-1]:
+                    groups.append([])
+                continue
+            if p in _NON_SOUNDS:
+                continue
+            groups[-1].append(len(spans))
+            spans.append((float(starts[2 + 2 * k]), float(starts[3 + 2 * k])))
+        groups = [g for g in groups if g]
+        text_words = [w for w in _WORD_RE.findall(text) if _SPEAKABLE_RE.search(w)]
+        if not spans or not text_words:
+            return []
+        counts = [self._phoneme_words(v, w) for w in text_words]
+        out: list[tuple[str, float, float]] = []
+        if sum(counts) == len(groups) and all(counts):
+            # espeak kept word boundaries: each text word owns whole phoneme words.
+            i = 0
+            for word, n in zip(text_words, counts):
+                first, last = groups[i][0], groups[i + n - 1][-1]
+                out.append((word, spans[first][0] * sec_per_frame, spans[last][1] * sec_per_frame))
+                i += n
+            return out
+        # espeak merged or split words (e.g. "of the" -> one phoneme word): share the sounding
+        # phonemes out in proportion to each word's length, monotonically.
+        weights = np.asarray([max(1, len(w)) for w in text_words], dtype=np.float64)
+        edges = np.round(np.concatenate([[0.0], np.cumsum(weights)]) / weights.sum() * len(spans)).astype(int)
+        for j, word in enumerate(text_words):
+            lo = min(edges[j], len(spans) - 1)
+            hi = max(lo, edges[j + 1] - 1)
+            out.append((word, spans[lo][0] * sec_per_frame, spans[min(hi, len(spans) - 1)][1] * sec_per_frame))
+        return out
+
+    def _phoneme_words(self, v: _Voice, word: str) -> int:
+        """How many phoneme words espeak makes of one text word alone (numbers make several)."""
+        cached = v.word_cache.get(word)
+        if cached is None:
+            phonemes = self._phonemize(v, word)
+            cached = len([g for g in "".join(p for p in phonemes if p not in _NON_SOUNDS).split(" ") if g])
+            if len(v.word_cache) < 50_000:
+                v.word_cache[word] = cached
+        return cached
+
+    # ------------------------------------------------------------------ back part
+    def decode(self, windows: list[Window]) -> list[np.ndarray]:
+        """Audio (float32, fixed gain, clipped to [-1, 1]) for each window, in order."""
+        results: list[np.ndarray | None] = [None] * len(windows)
+        groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+        spans = []
+        for i, w in enumerate(windows):
+            if not 0 <= w.start < w.end <= w.prepared.frames:
+                raise ValueError(f"window [{w.start}, {w.end}) outside 0..{w.prepared.frames}")
+            lo, hi = max(0, w.start - self.context), min(w.prepared.frames, w.end + self.context)
+            spans.append((lo, hi))
+            groups[(w.prepared.voice, hi - lo)].append(i)
+        for (voice, _), members in groups.items():
+            z = np.concatenate([windows[i].prepared.z_p[:, :, spans[i][0] : spans[i][1]] for i in members])
+            m = np.concatenate([windows[i].prepared.mask[:, :, spans[i][0] : spans[i][1]] for i in members])
+            audio = self.voices[voice].back.run(None, {Z_P: z, MASK: m})[0].reshape(len(members), -1)
+            for row, i in enumerate(members):
+                w, lo = windows[i], spans[i][0]
+                chunk = audio[row, (w.start - lo) * HOP : (w.end - lo) * HOP] * self.gain
+                results[i] = np.clip(chunk, -1.0, 1.0).astype(np.float32, copy=False)
+        return results  # type: ignore[return-value]
+
+    def decode_whole(self, prepared: Prepared) -> np.ndarray:
+        """Whole-segment decode: the batch baseline, and the reference in tests."""
+        return self.decode([Window(prepared, 0, prepared.frames)])[0]
+
+
+def _phonemes_to_ids(phonemes: list[str], id_map: dict[str, list[int]]) -> list[int]:
+    """Piper's id layout: BOS, PAD, then each phoneme followed by PAD, then EOS."""
+    ids = list(id_map["^"]) + list(id_map["_"])
+    for p in phonemes:
+        ids.extend(id_map[p])
+        ids.extend(id_map["_"])
+    ids.extend(id_map["$"])
+    return ids

@@ -1,0 +1,197 @@
+"""Drives the scheduler against the engine: one worker thread computes, the event loop delivers.
+
+Inference never runs on the event loop, so a ``cancel`` (or a new ``start``) is handled while a
+batch is being computed; the cancelled stream's share of that batch is discarded by id when
+the batch returns. Two tasks run here: the *compute* loop (schedule -> worker -> update) and
+the *release* loop (hand paced frames to their transports when they fall due).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from .engine import PiperEngine, Prepared, Window
+from .metrics import Metrics
+from .scheduler import Batch, BatchResult, Output, Scheduler, SchedulerOptions
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.02  # how often paced streams are re-checked for work while any is live
+
+
+class Sink(Protocol):
+    """Where a stream's outputs go (a WebSocket context, an HTTP response)."""
+
+    def deliver(self, out: Output) -> None: ...
+
+    def backed_up(self) -> bool: ...
+
+
+class Synthesizer:
+    """The server's synthesis core: streams in, paced outputs out, through sinks."""
+
+    def __init__(
+        self, engine: PiperEngine, *, options: SchedulerOptions | None = None, metrics: Metrics | None = None
+    ) -> None:
+        self.engine = engine
+        self.scheduler = Scheduler(sample_rate=engine.sample_rate, options=options)
+        self.metrics = metrics or Metrics()
+        self._sinks: dict[int, Sink] = {}
+        self._ids = itertools.count(1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamvox-infer")
+        self._work = asyncio.Event()
+        self._due = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.started_at = time.monotonic()
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._compute_loop(), name="streamvox-compute"),
+            asyncio.create_task(self._release_loop(), name="streamvox-release"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ stream verbs
+    def open(self, sink: Sink, *, voice: str | None, pace: bool) -> int:
+        """Admit a stream (raises ``Overloaded`` or ``KeyError`` for an unknown voice)."""
+        name = self.engine.resolve(voice)
+        now = time.monotonic()
+        self.scheduler.admit(now)
+        sid = next(self._ids)
+        self.scheduler.add(sid, voice=name, pace=pace, now=now)
+        self._sinks[sid] = sink
+        self._sync_gauges()
+        return sid
+
+    def push_text(self, sid: int, text: str) -> None:
+        self.scheduler.push_text(sid, text, time.monotonic())
+        self._work.set()
+
+    def flush(self, sid: int) -> None:
+        self.scheduler.flush(sid, time.monotonic())
+        self._work.set()
+
+    def end(self, sid: int) -> None:
+        self.scheduler.end(sid, time.monotonic())
+        self._work.set()
+        self._due.set()
+
+    def cancel(self, sid: int) -> int:
+        """Stop a stream now; its sink receives nothing more. Returns frames never sent."""
+        dropped = self.scheduler.cancel(sid)
+        self._close(sid, "cancelled")
+        self.metrics.frames_dropped.inc(dropped)
+        return dropped
+
+    def _close(self, sid: int, status: str) -> None:
+        if self._sinks.pop(sid, None) is not None:
+            self.metrics.streams.labels(status).inc()
+        self.scheduler.discard(sid)
+        self._sync_gauges()
+
+    def _sync_gauges(self) -> None:
+        self.metrics.active.set(self.scheduler.active)
+        self.metrics.queue_depth.set(self.scheduler.queue_depth())
+
+    # ------------------------------------------------------------ loops
+    async def _compute_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = self.scheduler.schedule(time.monotonic())
+            if batch is None:
+                self._work.clear()
+                # Paced streams become eligible again as their playhead advances: poll while any is live.
+                timeout = _POLL_S if self.scheduler.active else None
+                try:
+                    await asyncio.wait_for(self._work.wait(), timeout)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                result = await loop.run_in_executor(self._executor, self._execute, batch)
+            except Exception as exc:  # the executor itself failed: fail the batch's streams
+                log.exception("inference worker failed")
+                result = BatchResult([exc] * len(batch.preps), [exc] * len(batch.windows))
+            self.scheduler.update(batch, result, time.monotonic())
+            self.metrics.batch_size.observe(len(batch.windows))
+            self.metrics.batch_seconds.observe(result.seconds)
+            self.metrics.busy_seconds.inc(result.seconds)
+            self.metrics.rtf.set(self.scheduler.cost_per_audio_s)
+            self.metrics.capacity.set(self.scheduler.capacity_streams())
+            self._due.set()
+
+    def _execute(self, batch: Batch) -> BatchResult:
+        """Worker thread: front parts first, then every window of the tick in one decode call."""
+        t0 = time.perf_counter()
+        prepared: list[Prepared | BaseException | None] = []
+        fresh: dict[int, Prepared | BaseException | None] = {}
+        for job in batch.preps:
+            try:
+                p = self.engine.prepare(job.segment.text, job.voice)
+            except Exception as exc:
+                log.exception("front part failed for %r", job.segment.text[:60])
+                p = exc
+            prepared.append(p)
+            fresh[id(job.segment)] = p
+        windows: list[Window] = []
+        slots: list[int] = []
+        audio: list = [None] * len(batch.windows)
+        for i, job in enumerate(batch.windows):
+            p = job.segment.prepared or fresh.get(id(job.segment))
+            if isinstance(p, Prepared) and job.start < p.frames:
+                windows.append(Window(p, job.start, min(p.frames, job.start + job.size)))
+                slots.append(i)
+        if windows:
+            try:
+                for i, chunk in zip(slots, self.engine.decode(windows)):
+                    audio[i] = chunk
+            except Exception as exc:
+                log.exception("vocoder failed")
+                for i in slots:
+                    audio[i] = exc
+        return BatchResult(prepared, audio, time.perf_counter() - t0)
+
+    async def _release_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            blocked = {sid for sid, sink in self._sinks.items() if sink.backed_up()}
+            for out in self.scheduler.release(now, blocked):
+                self._deliver(out)
+            wait = self.scheduler.next_release_in(time.monotonic())
+            self._due.clear()
+            if blocked:
+                wait = _POLL_S if wait is None else min(wait, _POLL_S)
+            try:
+                await asyncio.wait_for(self._due.wait(), wait)
+            except TimeoutError:
+                pass
+
+    def _deliver(self, out: Output) -> None:
+        sink = self._sinks.get(out.sid)
+        if sink is None:  # cancelled or closed: the id gate
+            return
+        if out.ttfb_s is not None:
+            self.metrics.ttfb.observe(out.ttfb_s)
+        if out.kind == "audio" and out.samples is not None:
+            self.metrics.audio_seconds.inc(len(out.samples) / self.engine.sample_rate)
+        try:
+            sink.deliver(out)
+        except Exception:
+            log.exception("sink of stream %d failed; cancelling it", out.sid)
+            self.cancel(out.sid)
+            return
+        if out.kind in ("done", "error"):
+            if out.kind == "error":
+                self.metrics.errors.labels(out.code).inc()
+            self._close(out.sid, out.kind)
+        self._work.set()

@@ -1,0 +1,458 @@
+"""The scheduler: the one place that knows about time, batching, pacing and cancellation.
+
+It never touches sockets, asyncio or model code. The runtime drives it through a few verbs:
+
+* ``add`` / ``push_text`` / ``flush`` / ``end`` / ``cancel`` - from the transports;
+* ``schedule(now) -> Batch`` - what the worker should compute next (first-audio work first,
+  then the streams closest to running dry);
+* ``update(batch, result, now)`` - fold the worker's outputs in; outputs of streams that
+  finished while the batch ran are discarded here, by stream id;
+* ``release(now) -> [Output]`` - frames whose time has come, paced to stay ``lead_s`` ahead of
+  the listener's playhead, plus ``words``/``done``/``error`` events in order.
+
+Generated audio is held until released, so a cancel drops it without it ever reaching the wire,
+and the sent lead stays bounded whatever the window size used to compute it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .engine import Prepared
+from .segmenter import Segmenter, SegmenterOptions
+
+
+class Status(enum.IntEnum):
+    """One ordered lifecycle per stream; cancel and errors are just ways to finish."""
+
+    ACTIVE = 0
+    ENDED = 1  # no more text will come; still has audio to deliver
+    FINISHED_DONE = 2
+    FINISHED_CANCELLED = 3
+    FINISHED_ERROR = 4
+
+    @property
+    def finished(self) -> bool:
+        return self >= Status.FINISHED_DONE
+
+
+class Overloaded(Exception):
+    """Admission refused: the admitted streams would fall behind real time."""
+
+    def __init__(self, retry_after_ms: int, reason: str) -> None:
+        super().__init__(reason)
+        self.retry_after_ms = retry_after_ms
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class SchedulerOptions:
+    lead_s: float = 0.4  # how far ahead of the listener's playhead audio is sent (paced streams)
+    windows: tuple[int, ...] = (6, 12, 24, 48, 64)  # latent frames per window, growing
+    frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
+    max_jobs: int = 8  # per tick; bounds a tick's duration, hence cancel and TTFB latency
+    max_tick_frames: int = 320  # latent frames (with context) per tick, first-audio work exempt
+    capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
+    max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
+    max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
+    idle_s: float = 5.0  # a stream with no text or audio for this long stops counting as load
+    segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
+
+
+@dataclass(slots=True, eq=False)
+class _Segment:
+    text: str
+    prepared: Prepared | None = None
+    prepping: bool = False
+    cursor: int = 0  # next latent frame to decode
+    offset_s: float = 0.0  # where this segment starts in the stream's audio
+    words_due: bool = True
+
+    @property
+    def remaining(self) -> int:
+        return 0 if self.prepared is None else self.prepared.frames - self.cursor
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    start_s: float
+    samples: np.ndarray
+    words: list[tuple[str, float, float]] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Stream:
+    sid: int
+    voice: str
+    pace: bool
+    created: float
+    segmenter: Segmenter
+    status: Status = Status.ACTIVE
+    segments: deque[_Segment] = field(default_factory=deque)
+    held: deque[_Held] = field(default_factory=deque)
+    in_flight: bool = False
+    window_index: int = 0
+    produced_s: float = 0.0  # audio computed
+    released_s: float = 0.0  # audio handed to the transport
+    playhead_s: float = 0.0  # estimated listener position
+    playhead_at: float | None = None  # wall time of the last playhead update
+    seq: int = 0
+    first_text_at: float | None = None
+    first_audio_at: float | None = None
+    last_activity: float = 0.0
+    done_sent: bool = False
+
+    def lead(self, now: float) -> float:
+        return self.produced_s - self.playhead(now)
+
+    def playhead(self, now: float) -> float:
+        if self.playhead_at is None:
+            return 0.0
+        # The listener cannot play audio that was not sent yet: a stall (slow LLM) does not
+        # let the server run ahead afterwards.
+        return min(self.released_s, self.playhead_s + (now - self.playhead_at))
+
+    def advance_playhead(self, now: float) -> None:
+        if self.playhead_at is not None:
+            self.playhead_s = self.playhead(now)
+        self.playhead_at = now
+
+
+# ---------------------------------------------------------------- batch I/O
+
+
+@dataclass(slots=True)
+class PrepJob:
+    sid: int
+    segment: _Segment
+    voice: str
+
+
+@dataclass(slots=True)
+class WindowJob:
+    sid: int
+    segment: _Segment
+    start: int
+    size: int  # end = start + size, clipped to the segment's frames once it is prepared
+
+
+@dataclass(slots=True)
+class Batch:
+    preps: list[PrepJob]
+    windows: list[WindowJob]
+
+    @property
+    def sids(self) -> set[int]:
+        return {j.sid for j in self.preps} | {j.sid for j in self.windows}
+
+
+@dataclass(slots=True)
+class BatchResult:
+    prepared: list[Prepared | BaseException | None]  # one per prep job
+    audio: list[np.ndarray | BaseException | None]  # one per window job; None: nothing to decode
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Output:
+    """Something for the transport to send for stream ``sid``."""
+
+    sid: int
+    kind: str  # "audio" | "words" | "done" | "error"
+    seq: int = 0
+    samples: np.ndarray | None = None
+    words: list[tuple[str, float, float]] | None = None
+    frames: int = 0
+    audio_ms: float = 0.0
+    code: str = ""
+    message: str = ""
+    ttfb_s: float | None = None  # set on a stream's first audio output
+
+
+class Scheduler:
+    """Owns every stream's lifecycle between the transports and the engine."""
+
+    def __init__(self, *, sample_rate: int, options: SchedulerOptions | None = None) -> None:
+        self.sample_rate = sample_rate
+        self.opt = options or SchedulerOptions()
+        self._streams: dict[int, _Stream] = {}
+        self._order: list[int] = []  # admission order, for first-come first-served ties
+        self._pending_out: deque[Output] = deque()
+        self.cost_per_audio_s = 0.15  # EMA of compute seconds per audio second; refined live
+        self.busy_s = 0.0
+        self.audio_s_total = 0.0
+        self.batch_sizes: list[int] = []
+
+    # ------------------------------------------------------------ transport verbs
+    def admit(self, now: float) -> None:
+        """Raise :class:`Overloaded` when one more real-time stream would not keep up."""
+        refusal = self.refusal(now)
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, now: float) -> Overloaded | None:
+        """Why a new stream would be refused now, or ``None`` (also what ``/readyz`` reports)."""
+        load = self.load(now)
+        if self.opt.max_streams is not None and load >= self.opt.max_streams:
+            return Overloaded(1000, f"server at its limit of {self.opt.max_streams} streams")
+        if (load + 1) * self.cost_per_audio_s > self.opt.capacity:
+            # Streams free capacity as they finish; a turn lasts seconds, so ask for a short wait.
+            return Overloaded(1000, f"{load} streams already use the synthesis capacity")
+        return None
+
+    def load(self, now: float) -> int:
+        """Streams that currently cost compute (idle ones waiting for text do not)."""
+        return sum(
+            1
+            for s in self._streams.values()
+            if not s.status.finished and (s.segments or s.held or now - s.last_activity < self.opt.idle_s)
+        )
+
+    def capacity_streams(self) -> int:
+        """How many real-time streams the measured cost allows."""
+        limit = math.floor(self.opt.capacity / max(self.cost_per_audio_s, 1e-6))
+        return min(limit, self.opt.max_streams) if self.opt.max_streams is not None else limit
+
+    def add(self, sid: int, *, voice: str, pace: bool, now: float) -> None:
+        if sid in self._streams:
+            raise ValueError(f"stream {sid} already exists")
+        self._streams[sid] = _Stream(
+            sid=sid, voice=voice, pace=pace, created=now, last_activity=now, segmenter=Segmenter(self.opt.segmenter)
+        )
+        self._order.append(sid)
+
+    def push_text(self, sid: int, text: str, now: float) -> None:
+        s = self._live(sid)
+        if s.status is not Status.ACTIVE:
+            raise ValueError("context already ended; start a new context for more text")
+        if s.first_text_at is None and text.strip():
+            s.first_text_at = now
+        s.last_activity = now
+        for seg in s.segmenter.push(text):
+            s.segments.append(_Segment(seg))
+
+    def flush(self, sid: int, now: float) -> None:
+        s = self._live(sid)
+        s.last_activity = now
+        for seg in s.segmenter.flush():
+            s.segments.append(_Segment(seg))
+
+    def end(self, sid: int, now: float) -> None:
+        s = self._live(sid)
+        if s.status is Status.ACTIVE:
+            self.flush(sid, now)
+            s.status = Status.ENDED
+            self._maybe_done(s)
+
+    def cancel(self, sid: int) -> int:
+        """Finish a stream now; return how many computed frames were never sent."""
+        s = self._streams.get(sid)
+        if s is None or s.status.finished:
+            return 0
+        dropped = sum(math.ceil(len(h.samples) / self.opt.frame_samples) for h in s.held)
+        self._finish(s, Status.FINISHED_CANCELLED)
+        return dropped
+
+    def fail(self, sid: int, code: str, message: str) -> None:
+        s = self._streams.get(sid)
+        if s is not None and not s.status.finished:
+            self._finish(s, Status.FINISHED_ERROR)
+            self._pending_out.append(Output(sid=sid, kind="error", code=code, message=message))
+
+    def discard(self, sid: int) -> None:
+        """Forget a finished stream (the transport has delivered its last message)."""
+        s = self._streams.pop(sid, None)
+        if s is not None:
+            self._order.remove(sid)
+
+    def status(self, sid: int) -> Status | None:
+        s = self._streams.get(sid)
+        return None if s is None else s.status
+
+    def _live(self, sid: int) -> _Stream:
+        s = self._streams.get(sid)
+        if s is None or s.status.finished:
+            raise KeyError(sid)
+        return s
+
+    def _finish(self, s: _Stream, status: Status) -> None:
+        s.status = status
+        s.segments.clear()
+        s.held.clear()
+
+    # ------------------------------------------------------------ planning
+    def schedule(self, now: float) -> Batch | None:
+        """Pick this tick's work: first audio first, then earliest deadline (smallest lead)."""
+        candidates: list[tuple[tuple, _Stream, _Segment]] = []
+        for sid in self._order:
+            s = self._streams[sid]
+            if s.status.finished or s.in_flight:
+                continue
+            seg = next((g for g in s.segments if g.prepared is None or g.remaining > 0), None)
+            if seg is None:
+                continue
+            lead = s.lead(now)
+            if s.pace and s.first_audio_at is not None and lead >= self.opt.lead_s:
+                continue
+            if len(s.held) * self.opt.frame_samples > self.opt.max_held_s * self.sample_rate:
+                continue  # unpaced stream whose consumer is not keeping up: wait for it
+            first = s.produced_s == 0.0
+            candidates.append(((0 if first else 1, lead), s, seg))
+        if not candidates:
+            return None
+        candidates.sort(key=lambda c: c[0])
+        preps: list[PrepJob] = []
+        windows: list[WindowJob] = []
+        frames = 0
+        for (rank, lead), s, seg in candidates:
+            if len(preps) + len(windows) >= self.opt.max_jobs:
+                break
+            size = self._window_size(s, lead)
+            cost = size + 2 * 24
+            if rank != 0 and frames + cost > self.opt.max_tick_frames and (preps or windows):
+                continue
+            frames += cost
+            s.in_flight = True
+            if seg.prepared is None:
+                seg.prepping = True
+                preps.append(PrepJob(s.sid, seg, s.voice))
+            windows.append(WindowJob(s.sid, seg, seg.cursor, size))
+        self.batch_sizes.append(len(windows))
+        del self.batch_sizes[:-1000]
+        return Batch(preps, windows)
+
+    def _window_size(self, s: _Stream, lead: float) -> int:
+        """Small windows while the listener is waiting (first audio, or after a stall), then grow."""
+        sizes = self.opt.windows
+        if s.produced_s == 0.0 or (s.pace and lead <= 0.0):
+            s.window_index = 0
+        elif not s.pace:
+            s.window_index = max(s.window_index, len(sizes) - 2)
+        return sizes[min(s.window_index, len(sizes) - 1)]
+
+    # ------------------------------------------------------------ results
+    def update(self, batch: Batch, result: BatchResult, now: float) -> None:
+        """Fold a finished batch in; streams cancelled meanwhile are skipped by id."""
+        for job in batch.preps + batch.windows:
+            if job.sid in self._streams:
+                self._streams[job.sid].in_flight = False
+        for job, prepared in zip(batch.preps, result.prepared):
+            job.segment.prepping = False
+            s = self._streams.get(job.sid)
+            if s is None or s.status.finished:
+                continue
+            if isinstance(prepared, BaseException):
+                self.fail(job.sid, "internal", f"synthesis failed for {job.segment.text[:40]!r}: {prepared}")
+                continue
+            if prepared is None:  # nothing speakable ("...", "-")
+                s.segments.remove(job.segment)
+                continue
+            job.segment.prepared = prepared
+        audio_s = 0.0
+        for job, audio in zip(batch.windows, result.audio):
+            s = self._streams.get(job.sid)
+            if s is None or s.status.finished or audio is None:
+                continue
+            if isinstance(audio, BaseException):
+                self.fail(job.sid, "internal", f"vocoder failed: {audio}")
+                continue
+            seg = job.segment
+            if seg.prepared is None or seg not in s.segments:
+                continue
+            if seg.cursor == 0:
+                seg.offset_s = s.produced_s
+            seg.cursor = min(seg.prepared.frames, job.start + job.size)
+            self._hold(s, seg, audio)
+            audio_s += len(audio) / self.sample_rate
+            s.window_index += 1
+            s.last_activity = now
+            if seg.remaining == 0:
+                s.segments.remove(seg)
+        for s in {self._streams[j.sid] for j in batch.preps + batch.windows if j.sid in self._streams}:
+            self._maybe_done(s)
+        if audio_s > 0 and result.seconds > 0:
+            self.busy_s += result.seconds
+            self.audio_s_total += audio_s
+            # Only steady-state cost matters for capacity: weigh bigger batches more.
+            alpha = min(0.3, audio_s / 5.0)
+            self.cost_per_audio_s += alpha * (result.seconds / audio_s - self.cost_per_audio_s)
+
+    def _hold(self, s: _Stream, seg: _Segment, audio: np.ndarray) -> None:
+        step = self.opt.frame_samples
+        for i in range(0, len(audio), step):
+            chunk = audio[i : i + step]
+            words = None
+            if seg.words_due:
+                seg.words_due = False
+                words = [(w, a + seg.offset_s, b + seg.offset_s) for w, a, b in seg.prepared.words]  # type: ignore[union-attr]
+            s.held.append(_Held(s.produced_s, chunk, words))
+            s.produced_s += len(chunk) / self.sample_rate
+
+    def _maybe_done(self, s: _Stream) -> None:
+        if s.status is Status.ENDED and not s.segments and not s.in_flight and not s.held and not s.done_sent:
+            s.done_sent = True
+            s.status = Status.FINISHED_DONE
+            self._pending_out.append(Output(sid=s.sid, kind="done", frames=s.seq, audio_ms=s.released_s * 1000))
+
+    # ------------------------------------------------------------ delivery
+    def release(self, now: float, blocked: frozenset[int] | set[int] = frozenset()) -> list[Output]:
+        """Frames (and words/done/error events) due now, in per-stream order.
+
+        ``blocked`` names streams whose transport is backed up (a slow reader of an unpaced
+        stream): their frames stay held, bounded by ``max_held_s``.
+        """
+        out: list[Output] = []
+        for sid in self._order:
+            s = self._streams[sid]
+            while s.held and sid not in blocked:
+                h = s.held[0]
+                if s.pace and s.first_audio_at is not None and h.start_s >= s.playhead(now) + self.opt.lead_s:
+                    break
+                s.held.popleft()
+                if h.words:
+                    out.append(Output(sid=sid, kind="words", words=h.words))
+                o = Output(sid=sid, kind="audio", seq=s.seq, samples=h.samples)
+                if s.first_audio_at is None:
+                    s.first_audio_at = now
+                    o.ttfb_s = now - (s.first_text_at if s.first_text_at is not None else s.created)
+                s.advance_playhead(now)
+                s.released_s = h.start_s + len(h.samples) / self.sample_rate
+                s.seq += 1
+                out.append(o)
+            if not s.held:
+                self._maybe_done(s)
+        while self._pending_out:
+            out.append(self._pending_out.popleft())
+        return out
+
+    def next_release_in(self, now: float) -> float | None:
+        """Seconds until the next held frame is due (None when nothing is held)."""
+        best: float | None = None
+        for s in self._streams.values():
+            if s.held and not s.status.finished:
+                wait = (
+                    0.0
+                    if not s.pace or s.first_audio_at is None
+                    else max(0.0, s.held[0].start_s - s.playhead(now) - self.opt.lead_s)
+                )
+                best = wait if best is None else min(best, wait)
+        return best
+
+    def has_work(self, now: float) -> bool:
+        return any(
+            not s.status.finished and not s.in_flight and any(g.prepared is None or g.remaining > 0 for g in s.segments)
+            for s in self._streams.values()
+        )
+
+    # ------------------------------------------------------------ introspection
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self._streams.values() if not s.status.finished)
+
+    def queue_depth(self) -> int:
+        return sum(len(s.segments) for s in self._streams.values() if not s.status.finished)

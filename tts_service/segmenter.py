@@ -1,0 +1,116 @@
+"""Incremental text segmentation: LLM tokens in, synthesis segments out.
+
+Text arrives a token at a time. A segment is cut where a listener would hear a boundary: at
+sentence ends, and - for the first segment of a context only - at an early clause boundary,
+because time to first audio grows with the first segment's length (the front part runs over
+the whole segment before its first window can be decoded).
+
+A boundary is only *confirmed* when the character after it has arrived: "3." may become
+"3.14", "Dr." is followed by a name, "example." may be "example.com". Abbreviations and
+numbers are therefore never cut. ``flush``/``end`` cut whatever is buffered.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Words after which a period does not end a sentence.
+ABBREVIATIONS = frozenset(
+    """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e approx dept est inc ltd co corp no vol
+    jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun a.m p.m u.s""".split()
+)
+_SENTENCE_END = ".!?…"
+_CLAUSE_END = ",;:—"
+_CLOSERS = "\"')]}”’"
+
+
+@dataclass(slots=True)
+class SegmenterOptions:
+    first_clause_min_chars: int = 24  # an early clause cut only once this much text is buffered
+    max_chars: int = 280  # a run-on without punctuation is cut at a word boundary here
+    min_chars: int = 2  # shorter sentence fragments wait for more text ("A." "B.")
+
+
+@dataclass(slots=True)
+class Segmenter:
+    """Buffers one context's text and yields segments; pure, synchronous, deterministic."""
+
+    options: SegmenterOptions = field(default_factory=SegmenterOptions)
+    _buf: str = ""
+    _emitted: int = 0
+
+    @property
+    def pending(self) -> str:
+        return self._buf
+
+    def push(self, text: str) -> list[str]:
+        """Append text; return the segments it completes (possibly none)."""
+        self._buf += text
+        out: list[str] = []
+        while True:
+            cut = self._find_cut()
+            if cut is None:
+                break
+            seg, self._buf = self._buf[:cut], self._buf[cut:]
+            self._take(seg, out)
+        return out
+
+    def flush(self) -> list[str]:
+        """Cut everything buffered (``flush``/``end`` messages)."""
+        seg, self._buf = self._buf, ""
+        out: list[str] = []
+        self._take(seg, out)
+        return out
+
+    def _take(self, seg: str, out: list[str]) -> None:
+        seg = " ".join(seg.split())
+        if seg:
+            out.append(seg)
+            self._emitted += 1
+
+    def _find_cut(self) -> int | None:
+        buf = self._buf
+        first = self._emitted == 0
+        n = len(buf)
+        for i, ch in enumerate(buf):
+            if i + 1 >= n:
+                break  # a boundary needs its next character to be confirmed
+            if ch in _SENTENCE_END:
+                j = i + 1
+                while j < n and buf[j] in _CLOSERS + _SENTENCE_END:
+                    j += 1
+                if j >= n:
+                    return None
+                if (
+                    buf[j].isspace()
+                    and self._is_sentence_end(buf, i)
+                    and len(buf[:j].strip()) >= self.options.min_chars
+                ):
+                    return j
+            elif first and ch in _CLAUSE_END and buf[i + 1].isspace():
+                if len(buf[:i].strip()) >= self.options.first_clause_min_chars and not _inside_number(buf, i):
+                    return i + 1
+        if n > self.options.max_chars:
+            space = buf.rfind(" ", 0, self.options.max_chars)
+            return space if space > 0 else self.options.max_chars
+        return None
+
+    @staticmethod
+    def _is_sentence_end(buf: str, i: int) -> bool:
+        if buf[i] != ".":
+            return True
+        m = re.search(r"([\w.]+)$", buf[:i])
+        word = (m.group(1) if m else "").lower()
+        if word in ABBREVIATIONS:
+            return False
+        if len(word) == 1 and word.isalpha() and word.isupper():  # initials: "J. Smith"
+            return False
+        if re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):  # "e.g", "u.s"
+            return False
+        return True
+
+
+def _inside_number(buf: str, i: int) -> bool:
+    """'1,000' has a comma but no clause boundary (only reached when followed by a space)."""
+    return i > 0 and buf[i] == "," and buf[i - 1].isdigit() and i + 2 < len(buf) and buf[i + 2].isdigit()
