@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_parser(sub)
+    try:
+        from agent.simulate import add_simulate_parser
+    except ImportError:
+        pass
+    else:
+        add_simulate_parser(sub)
     return parser
 
 
