@@ -141,7 +141,9 @@ class _Connection:
             getattr(self, f"_on_{msg.type}")(msg)
         except ProtocolError as exc:
             self.synth.metrics.errors.labels(exc.code).inc()
-            extra = {"context_ended": False} if exc.context_id else {}
+            # A context that is not live (never started, or refused at start) has ended as far as the client
+            # is concerned; an error about one message of a live context leaves that context running.
+            extra = {"context_ended": exc.context_id not in self.contexts} if exc.context_id else {}
             self.send(P.error(exc.code, exc.message, exc.context_id, **extra))
 
     def _open(self, msg: P.ClientMessage) -> _Context:
