@@ -61,6 +61,7 @@ class SchedulerOptions:
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
     idle_s: float = 5.0  # a stream with no text or audio for this long stops counting as load
+    busy_window_s: float = 2.0  # utilisation is measured over this window
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
 
 
@@ -187,6 +188,7 @@ class Scheduler:
         self.busy_s = 0.0
         self.audio_s_total = 0.0
         self.batch_sizes: list[int] = []
+        self._busy: deque[tuple[float, float]] = deque()  # (finished at, compute seconds) per batch
 
     # ------------------------------------------------------------ transport verbs
     def admit(self, now: float) -> None:
@@ -196,14 +198,32 @@ class Scheduler:
             raise refusal
 
     def refusal(self, now: float) -> Overloaded | None:
-        """Why a new stream would be refused now, or ``None`` (also what ``/readyz`` reports)."""
+        """Why a new stream would be refused now, or ``None`` (also what ``/readyz`` reports).
+
+        The measure is the worker's recent utilisation - it already reflects batching gains and
+        the real mix of window sizes - plus the expected cost of streams admitted so recently
+        that they do not show in it yet.
+        """
         load = self.load(now)
         if self.opt.max_streams is not None and load >= self.opt.max_streams:
             return Overloaded(1000, f"server at its limit of {self.opt.max_streams} streams")
-        if (load + 1) * self.cost_per_audio_s > self.opt.capacity:
+        recent = sum(
+            1 for s in self._streams.values() if not s.status.finished and now - s.created < self.opt.busy_window_s
+        )
+        predicted = self.utilisation(now) + (recent + 1) * self.cost_per_audio_s
+        if predicted > self.opt.capacity:
             # Streams free capacity as they finish; a turn lasts seconds, so ask for a short wait.
-            return Overloaded(1000, f"{load} streams already use the synthesis capacity")
+            return Overloaded(
+                1000, f"{load} streams already use {predicted - self.cost_per_audio_s:.0%} of the synthesis capacity"
+            )
         return None
+
+    def utilisation(self, now: float) -> float:
+        """Fraction of the last ``busy_window_s`` the worker spent computing."""
+        horizon = now - self.opt.busy_window_s
+        while self._busy and self._busy[0][0] < horizon:
+            self._busy.popleft()
+        return sum(sec for _, sec in self._busy) / self.opt.busy_window_s
 
     def load(self, now: float) -> int:
         """Streams that currently cost compute (idle ones waiting for text do not)."""
@@ -214,7 +234,7 @@ class Scheduler:
         )
 
     def capacity_streams(self) -> int:
-        """How many real-time streams the measured cost allows."""
+        """How many real-time streams the measured cost allows (an estimate for ``/readyz``)."""
         limit = math.floor(self.opt.capacity / max(self.cost_per_audio_s, 1e-6))
         return min(limit, self.opt.max_streams) if self.opt.max_streams is not None else limit
 
@@ -375,6 +395,7 @@ class Scheduler:
                 s.segments.remove(seg)
         for s in {self._streams[j.sid] for j in batch.preps + batch.windows if j.sid in self._streams}:
             self._maybe_done(s)
+        self._busy.append((now, result.seconds))
         if audio_s > 0 and result.seconds > 0:
             self.busy_s += result.seconds
             self.audio_s_total += audio_s
