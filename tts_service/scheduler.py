@@ -207,8 +207,12 @@ class Scheduler:
         load = self.load(now)
         if self.opt.max_streams is not None and load >= self.opt.max_streams:
             return Overloaded(1000, f"server at its limit of {self.opt.max_streams} streams")
+        # Streams that started talking too recently to show in the utilisation; a context opened
+        # without text yet costs nothing and is not counted.
         recent = sum(
-            1 for s in self._streams.values() if not s.status.finished and now - s.created < self.opt.busy_window_s
+            1
+            for s in self._streams.values()
+            if not s.status.finished and s.first_text_at is not None and now - s.first_text_at < self.opt.busy_window_s
         )
         predicted = self.utilisation(now) + (recent + 1) * self.cost_per_audio_s
         if predicted > self.opt.capacity:
