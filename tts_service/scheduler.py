@@ -215,7 +215,9 @@ class Scheduler:
             if not s.status.finished and s.first_text_at is not None and now - s.first_text_at < self.opt.busy_window_s
         )
         predicted = self.utilisation(now) + (recent + 1) * self.cost_per_audio_s
-        if predicted > self.opt.capacity:
+        # An idle server always takes one stream: a slow (or busy) machine serving one stream
+        # late is better than serving none.
+        if predicted > self.opt.capacity and load > 0:
             # Streams free capacity as they finish; a turn lasts seconds, so ask for a short wait.
             return Overloaded(
                 1000, f"{load} streams already use {predicted - self.cost_per_audio_s:.0%} of the synthesis capacity"
