@@ -53,10 +53,14 @@ async def _run(url: str, out_dir: Path) -> None:
         fast = await speak_to_wav(client, PARAGRAPH, out_dir / "demo.wav", pace=False)
         paced = await speak_to_wav(client, PARAGRAPH, out_dir / "demo-paced.wav", pace=True)
     print(f"\nwrote {out_dir / 'demo.wav'}: {fast['audio_s']:.1f} s of speech")
-    print(f"  unpaced: TTFB {fast['ttfb_ms']:.0f} ms, real-time factor {fast['rtf']:.3f} "
-          f"({1 / fast['rtf']:.1f}x faster than real time)")
-    print(f"  paced:   TTFB {paced['ttfb_ms']:.0f} ms, audio delivered in step with playback "
-          f"({paced['wall_s']:.1f} s wall for {paced['audio_s']:.1f} s of audio)")
+    print(
+        f"  unpaced: TTFB {fast['ttfb_ms']:.0f} ms, real-time factor {fast['rtf']:.3f} "
+        f"({1 / fast['rtf']:.1f}x faster than real time)"
+    )
+    print(
+        f"  paced:   TTFB {paced['ttfb_ms']:.0f} ms, audio delivered in step with playback "
+        f"({paced['wall_s']:.1f} s wall for {paced['audio_s']:.1f} s of audio)"
+    )
 
 
 def main() -> int:

@@ -73,9 +73,10 @@ class Segmenter:
         buf = self._buf
         first = self._emitted == 0
         n = len(buf)
-        for i, ch in enumerate(buf):
-            if i + 1 >= n:
-                break  # a boundary needs its next character to be confirmed
+        # A boundary needs its next character to be confirmed. Only boundaries inside the first
+        # max_chars count, so that a cut never depends on how the text was split into pieces.
+        for i in range(min(n - 1, self.options.max_chars)):
+            ch = buf[i]
             if ch in _SENTENCE_END:
                 j = i + 1
                 while j < n and buf[j] in _CLOSERS + _SENTENCE_END:
@@ -89,8 +90,11 @@ class Segmenter:
                 ):
                     return j
             elif first and ch in _CLAUSE_END and buf[i + 1].isspace():
-                if len(buf[:i].strip()) >= self.options.first_clause_min_chars and not _inside_number(buf, i):
-                    return i + 1
+                if len(buf[:i].strip()) >= self.options.first_clause_min_chars:
+                    if _after_digit(buf, i) and i + 2 >= n:
+                        return None  # "May 5, 2024" or "5, then": the next character decides
+                    if not _inside_number(buf, i):
+                        return i + 1
         if n > self.options.max_chars:
             space = buf.rfind(" ", 0, self.options.max_chars)
             return space if space > 0 else self.options.max_chars
@@ -101,16 +105,21 @@ class Segmenter:
         if buf[i] != ".":
             return True
         m = re.search(r"([\w.]+)$", buf[:i])
-        word = (m.group(1) if m else "").lower()
+        raw = m.group(1) if m else ""
+        word = raw.lower()
         if word in ABBREVIATIONS:
             return False
-        if len(word) == 1 and word.isalpha() and word.isupper():  # initials: "J. Smith"
+        if len(raw) == 1 and raw.isalpha() and raw.isupper():  # initials: "J. Smith"
             return False
         if re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):  # "e.g", "u.s"
             return False
         return True
 
 
+def _after_digit(buf: str, i: int) -> bool:
+    return i > 0 and buf[i] == "," and buf[i - 1].isdigit()
+
+
 def _inside_number(buf: str, i: int) -> bool:
     """'1,000' has a comma but no clause boundary (only reached when followed by a space)."""
-    return i > 0 and buf[i] == "," and buf[i - 1].isdigit() and i + 2 < len(buf) and buf[i + 2].isdigit()
+    return _after_digit(buf, i) and i + 2 < len(buf) and buf[i + 2].isdigit()

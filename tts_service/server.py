@@ -352,7 +352,8 @@ class Server:
 
     # -- WebSocket
     async def ws_handler(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4 * self.config.limits.max_text_chars + 4096)
+        # JSON may escape each character as \uXXXX, a surrogate pair as two: up to 12 bytes per character.
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=12 * self.config.limits.max_text_chars + 4096)
         await ws.prepare(request)
         conn = _Connection(ws, self.synth, self.config.limits)
         self._connections.add(conn)

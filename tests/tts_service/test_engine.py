@@ -1,0 +1,154 @@
+"""The Piper engine with the real bundled voice: windowed decoding, word timings, odd text."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tests.tts_service.tts_helpers import rms
+from tts_service.engine import HOP, PiperEngine, Prepared, Window
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Hello.",
+    "Would you like to book a table for two people this evening?",
+    "She sells sea shells by the sea shore, and the shells she sells are surely sea shells!",
+    "Okay, let me check that for you; it will only take a moment.",
+]
+TOLERANCE = 2e-3  # of full scale
+
+
+def schedule(frames: int, sizes: tuple[int, ...] = (6, 12, 24, 48, 64)) -> list[tuple[int, int]]:
+    """The growing window plan the scheduler uses: 6, 12, 24, 48, 64, 64, ..."""
+    spans, start = [], 0
+    for size in itertools.chain(sizes, itertools.repeat(sizes[-1])):
+        if start >= frames:
+            return spans
+        spans.append((start, min(frames, start + size)))
+        start += size
+    raise AssertionError  # pragma: no cover
+
+
+@pytest.fixture(scope="module")
+def prepared(engine: PiperEngine) -> list[Prepared]:
+    out = [engine.prepare(s) for s in SENTENCES]
+    assert all(p is not None for p in out)
+    return out  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def whole(engine: PiperEngine, prepared: list[Prepared]) -> list[np.ndarray]:
+    return [engine.decode_whole(p) for p in prepared]
+
+
+def test_windowed_decode_equals_whole(engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]) -> None:
+    for p, ref in zip(prepared, whole):
+        assert len(ref) == p.frames * HOP
+        chunks = [engine.decode([Window(p, s, e)])[0] for s, e in schedule(p.frames)]
+        assert [len(c) for c in chunks] == [(e - s) * HOP for s, e in schedule(p.frames)]
+        streamed = np.concatenate(chunks)
+        assert streamed.shape == ref.shape
+        assert np.max(np.abs(streamed - ref)) <= TOLERANCE, p.text
+
+
+def test_batched_windows_of_several_streams_equal_whole(
+    engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]
+) -> None:
+    """Each call decodes the next window of every stream at once, like one scheduler tick."""
+    plans = [schedule(p.frames) for p in prepared]
+    outputs: list[list[np.ndarray]] = [[] for _ in prepared]
+    for step in range(max(len(plan) for plan in plans)):
+        live = [i for i, plan in enumerate(plans) if step < len(plan)]
+        windows = [Window(prepared[i], *plans[i][step]) for i in live]
+        for i, audio in zip(live, engine.decode(windows)):
+            outputs[i].append(audio)
+    for i, ref in enumerate(whole):
+        assert np.max(np.abs(np.concatenate(outputs[i]) - ref)) <= TOLERANCE, prepared[i].text
+    # the same window of the same stream twice in one call (equal shapes: stacked in one run)
+    p = prepared[0]
+    a, b = engine.decode([Window(p, 64, 128), Window(p, 64, 128)])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_small_first_window(engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]) -> None:
+    p, ref = prepared[0], whole[0]
+    first = engine.decode([Window(p, 0, 6)])[0]
+    assert len(first) == 6 * HOP  # ~70 ms of audio
+    assert np.max(np.abs(first - ref[: 6 * HOP])) <= TOLERANCE
+
+
+def test_decode_refuses_windows_outside_the_segment(engine: PiperEngine, prepared: list[Prepared]) -> None:
+    p = prepared[1]
+    for start, end in ((0, 0), (5, 3), (-1, 4), (0, p.frames + 1)):
+        with pytest.raises(ValueError, match="outside"):
+            engine.decode([Window(p, start, end)])
+
+
+def test_audio_is_speech_level_and_clipped(whole: list[np.ndarray]) -> None:
+    for audio in whole:
+        assert audio.dtype == np.float32
+        assert np.all(np.abs(audio) <= 1.0)
+        assert rms(audio) > 0.02
+
+
+@pytest.mark.parametrize("text", ["...", "—", "", "   ", "!?", "…", "- - -", "()"])
+def test_unspeakable_text_gives_none(engine: PiperEngine, text: str) -> None:
+    assert engine.prepare(text) is None
+
+
+def test_word_timings(engine: PiperEngine, prepared: list[Prepared]) -> None:
+    for p in [*prepared, engine.prepare("I paid $3.50 to Dr. Smith at example.com on Jan. 5th.")]:
+        assert p is not None
+        duration = p.frames * HOP / engine.sample_rate
+        words = [w for w, _, _ in p.words]
+        assert words == [w for w in p.text.split() if any(c.isalnum() for c in w)]
+        starts = [s for _, s, _ in p.words]
+        ends = [e for _, _, e in p.words]
+        assert all(0.0 <= s < e <= duration + 1e-6 for s, e in zip(starts, ends)), p.words
+        assert starts == sorted(starts) and ends == sorted(ends), p.words
+        assert all(e <= s2 + 1e-6 for e, s2 in zip(ends, starts[1:])), p.words  # no overlap
+        assert ends[-1] > 0.6 * duration  # the words span the utterance, not a corner of it
+
+
+def test_word_timings_match_the_audio(engine: PiperEngine) -> None:
+    """A word's span holds sound; the gap around the sentence is quiet."""
+    p = engine.prepare("Apples, bananas, and cherries.")
+    assert p is not None
+    audio = engine.decode_whole(p)
+    sr = engine.sample_rate
+    for word, start, end in p.words:
+        assert rms(audio[int(start * sr) : int(end * sr)]) > 0.02, word
+
+
+@pytest.mark.parametrize(
+    ("text", "min_s", "max_s"),
+    [
+        ("I paid $3.50 to Dr. Smith at example.com on Jan. 5th.", 3.0, 9.0),
+        ("Call 555-0123 or visit https://www.example.org/help now.", 3.0, 12.0),
+        ("The U.S. GDP grew 2.5% in Q3, e.g. faster than the E.U.", 3.0, 12.0),
+        ("1,000,000", 0.5, 4.0),
+    ],
+)
+def test_numbers_abbreviations_urls_are_spoken(engine: PiperEngine, text: str, min_s: float, max_s: float) -> None:
+    p = engine.prepare(text)
+    assert p is not None
+    audio = engine.decode_whole(p)
+    seconds = len(audio) / engine.sample_rate
+    assert min_s <= seconds <= max_s, seconds
+    assert rms(audio) > 0.03
+    # no long silent stretch inside (a garbled or dropped token would show as one)
+    frame = engine.sample_rate // 20
+    levels = [rms(audio[i : i + frame]) for i in range(0, len(audio) - frame, frame)]
+    inner = levels[2:-2]
+    runs = [len(list(g)) for quiet, g in itertools.groupby(lv < 0.005 for lv in inner) if quiet]
+    assert max(runs, default=0) * 0.05 < 0.8
+
+
+def test_voice_metadata(engine: PiperEngine) -> None:
+    assert engine.sample_rate == 22050
+    assert engine.default_voice in engine.voices
+    assert engine.resolve(None) == engine.default_voice
+    with pytest.raises(KeyError):
+        engine.resolve("no-such-voice")

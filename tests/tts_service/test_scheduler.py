@@ -1,0 +1,392 @@
+"""The scheduler alone, with hand-built engine outputs and a fake clock: no model, no asyncio."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tts_service.engine import HOP, Prepared
+from tts_service.scheduler import Batch, BatchResult, Output, Overloaded, Scheduler, SchedulerOptions, Status
+
+SR = 22050
+FRAMES_PER_WORD = 20  # ~0.23 s of audio per word
+
+
+def make_prepared(text: str, frames: int | None = None) -> Prepared:
+    """What the engine's front part would return: latent frames and word timings."""
+    words = text.split()
+    frames = frames if frames is not None else FRAMES_PER_WORD * len(words)
+    step = frames * HOP / SR / len(words)
+    return Prepared(
+        text=text,
+        z_p=np.zeros((1, 192, frames), dtype=np.float32),
+        mask=np.ones((1, 1, frames), dtype=np.float32),
+        words=[(w, i * step, (i + 0.8) * step) for i, w in enumerate(words)],
+        voice="v",
+    )
+
+
+def compute(
+    batch: Batch,
+    *,
+    seconds: float = 0.0,
+    prepare: Callable[[str], Prepared | BaseException | None] = make_prepared,
+) -> BatchResult:
+    """The worker's job, faked: each window's audio is its sample positions (a ramp), so order
+    and completeness of the released audio can be checked exactly."""
+    prepared: list[Prepared | BaseException | None] = []
+    fresh: dict[int, Prepared | BaseException | None] = {}
+    for job in batch.preps:
+        p = prepare(job.segment.text)
+        prepared.append(p)
+        fresh[id(job.segment)] = p
+    audio: list[np.ndarray | BaseException | None] = []
+    for job in batch.windows:
+        p = job.segment.prepared or fresh.get(id(job.segment))
+        if not isinstance(p, Prepared):
+            audio.append(None)
+            continue
+        end = min(p.frames, job.start + job.size)
+        audio.append(np.arange(job.start * HOP, end * HOP, dtype=np.float32))
+    return BatchResult(prepared, audio, seconds)
+
+
+def run_until_idle(sched: Scheduler, now: float, **kw) -> list[Output]:
+    """Compute everything the scheduler allows at ``now``, releasing what is due after each
+    batch (as the runtime's release loop does)."""
+    out: list[Output] = []
+    for _ in range(1000):
+        batch = sched.schedule(now)
+        if batch is None:
+            return out + sched.release(now)
+        sched.update(batch, compute(batch, **kw), now)
+        out += sched.release(now)
+    raise AssertionError("scheduler never ran out of work")
+
+
+def of(outputs: list[Output], sid: int, kind: str | None = None) -> list[Output]:
+    return [o for o in outputs if o.sid == sid and (kind is None or o.kind == kind)]
+
+
+def new(options: SchedulerOptions | None = None) -> Scheduler:
+    return Scheduler(sample_rate=SR, options=options or SchedulerOptions())
+
+
+# ---------------------------------------------------------------- delivery order
+
+
+def test_release_order_words_audio_done() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "One two three. Four five six seven. ", now=0.0)
+    sched.end(1, now=0.0)
+    out = run_until_idle(sched, 0.0)
+    kinds = [o.kind for o in out]
+    assert kinds[0] == "words" and kinds[-1] == "done"
+    assert kinds.count("words") == 2 and kinds.count("done") == 1
+    # each segment's words come right before the first frame of its audio
+    second_words = kinds.index("words", 1)
+    assert kinds[second_words + 1] == "audio"
+    audio = of(out, 1, "audio")
+    assert [o.seq for o in audio] == list(range(len(audio)))
+    assert audio[0].ttfb_s is not None and all(o.ttfb_s is None for o in audio[1:])
+    # every sample of both segments, in order, exactly once
+    first_len, second_len = 3 * FRAMES_PER_WORD * HOP, 4 * FRAMES_PER_WORD * HOP
+    samples = np.concatenate([o.samples for o in audio])
+    expected = np.concatenate([np.arange(first_len), np.arange(second_len)]).astype(np.float32)
+    np.testing.assert_array_equal(samples, expected)
+    audio_before_second = sum(len(o.samples) for o in out[:second_words] if o.kind == "audio")
+    assert audio_before_second == first_len
+    # the second segment's word times are offset by the first segment's duration
+    words = out[second_words].words
+    assert words is not None and [w for w, _, _ in words] == ["Four", "five", "six", "seven."]
+    assert words[0][1] == pytest.approx(first_len / SR)
+    done = out[-1]
+    assert done.frames == len(audio)
+    assert done.audio_ms == pytest.approx(1000 * len(samples) / SR)
+    assert sched.status(1) is Status.FINISHED_DONE
+    assert all(len(o.samples) <= sched.opt.frame_samples for o in audio)
+
+
+def test_done_only_after_end() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "Hello there. ", now=0.0)
+    out = run_until_idle(sched, 0.0)
+    assert of(out, 1, "audio") and not of(out, 1, "done")
+    assert sched.status(1) is Status.ACTIVE
+    sched.end(1, now=0.0)
+    assert [o.kind for o in run_until_idle(sched, 0.0)] == ["done"]
+
+
+def test_flush_and_end_cut_buffered_text() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "no sentence end here", now=0.0)
+    assert sched.schedule(0.0) is None  # nothing to say yet
+    sched.flush(1, now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None and [j.segment.text for j in batch.preps] == ["no sentence end here"]
+    sched.end(1, now=0.0)
+    with pytest.raises(ValueError, match="ended"):
+        sched.push_text(1, "more", now=0.0)
+
+
+# ---------------------------------------------------------------- priorities and batching
+
+
+def test_first_audio_has_priority_over_playing_streams() -> None:
+    sched = new(SchedulerOptions(max_jobs=1))
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "A long first utterance that keeps going for a while. ", now=0.0)
+    for _ in range(2):  # stream 1 is playing
+        batch = sched.schedule(0.0)
+        assert batch is not None and batch.sids == {1}
+        sched.update(batch, compute(batch), 0.0)
+    assert of(sched.release(0.0), 1, "audio")
+    sched.add(2, voice="v", pace=False, now=0.0)
+    sched.push_text(2, "Second stream. ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None and batch.sids == {2}  # the newcomer's first audio goes first
+    assert batch.windows[0].size == sched.opt.windows[0]  # and with the smallest window
+
+
+def test_windows_of_several_streams_share_a_batch() -> None:
+    sched = new()
+    for sid in (1, 2, 3):
+        sched.add(sid, voice="v", pace=False, now=0.0)
+        sched.push_text(sid, "Hello to all of you. ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None
+    assert [j.sid for j in batch.windows] == [1, 2, 3]
+    assert len(batch.preps) == 3
+    assert sched.schedule(0.0) is None  # a stream with work in flight is not scheduled twice
+    sched.update(batch, compute(batch), 0.0)
+    assert sched.schedule(0.0) is not None
+
+
+def test_windows_grow_after_the_first() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 60) + ". ", now=0.0)
+    sizes = []
+    now = 0.0
+    for _ in range(6):
+        batch = sched.schedule(now)
+        if batch is None:
+            now += 0.1
+            sched.release(now)
+            continue
+        sizes.append(batch.windows[0].size)
+        sched.update(batch, compute(batch), now)
+        sched.release(now)
+    assert sizes[0] == sched.opt.windows[0] <= 6
+    assert max(sizes) > sizes[0]
+    assert sizes == sorted(sizes)
+
+
+# ---------------------------------------------------------------- pacing
+
+
+def test_paced_stream_stops_at_its_lead_and_resumes_with_the_clock() -> None:
+    opt = SchedulerOptions(lead_s=0.4)
+    sched = new(opt)
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)  # ~18 s of audio
+    computed = 0.0
+    released = 0.0
+    now = 0.0
+    while (batch := sched.schedule(now)) is not None:
+        result = compute(batch)
+        computed += sum(len(a) for a in result.audio if a is not None) / SR
+        sched.update(batch, result, now)
+        released += sum(len(o.samples) for o in of(sched.release(now), 1, "audio")) / SR
+    max_window_s = max(opt.windows) * HOP / SR
+    assert opt.lead_s <= computed < opt.lead_s + max_window_s  # stopped once the lead was reached
+    assert released <= opt.lead_s + opt.frame_samples / SR  # sent no further ahead than the lead
+    assert sched.next_release_in(now) is not None and sched.next_release_in(now) > 0
+    # time passes: the listener's playhead moves, frames fall due and work resumes
+    for step in range(1, 21):
+        now = step * 0.25
+        released += sum(len(o.samples) for o in of(sched.release(now), 1, "audio")) / SR
+        while (batch := sched.schedule(now)) is not None:
+            result = compute(batch)
+            computed += sum(len(a) for a in result.audio if a is not None) / SR
+            sched.update(batch, result, now)
+        released += sum(len(o.samples) for o in of(sched.release(now), 1, "audio")) / SR
+        # never more than the lead (plus one frame and one window) ahead of real time
+        assert released <= now + opt.lead_s + opt.frame_samples / SR + 1e-9
+        assert computed <= now + opt.lead_s + max_window_s + 1e-9
+    assert released >= now  # and it kept up with real time
+
+
+def test_unpaced_stream_runs_ahead() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 20) + ". ", now=0.0)
+    sched.end(1, now=0.0)
+    out = run_until_idle(sched, 0.0)  # all of it at time zero
+    assert sum(len(o.samples) for o in of(out, 1, "audio")) == 20 * FRAMES_PER_WORD * HOP
+    assert of(out, 1, "done")
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def test_cancel_between_schedule_and_update_discards_outputs() -> None:
+    sched = new()
+    for sid in (1, 2):
+        sched.add(sid, voice="v", pace=False, now=0.0)
+        sched.push_text(sid, "Some words to say here. And more words after that. ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None and batch.sids == {1, 2}
+    result = compute(batch)
+    sched.update(batch, result, 0.0)  # audio of both streams is now held, not yet released
+    held_1 = sum(math.ceil(len(a) / sched.opt.frame_samples) for a, j in zip(result.audio, batch.windows) if j.sid == 1)
+    assert held_1 >= 1
+    batch = sched.schedule(0.0)  # the next tick is computing ...
+    assert batch is not None and batch.sids == {1, 2}
+    assert sched.cancel(1) == held_1  # ... when stream 1 is cancelled
+    assert sched.status(1) is Status.FINISHED_CANCELLED
+    sched.update(batch, compute(batch), 0.0)
+    out = sched.release(0.0)
+    assert of(out, 1) == []  # nothing at all of the cancelled stream
+    assert of(out, 2, "audio") and of(out, 2, "words")
+    assert sched.cancel(1) == 0  # idempotent
+    while (batch := sched.schedule(0.0)) is not None:
+        assert 1 not in batch.sids
+        sched.update(batch, compute(batch), 0.0)
+        assert of(sched.release(0.0), 1) == []
+    assert sched.active == 1
+
+
+def test_cancel_and_discard_while_in_flight() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, "Hello there. ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None
+    assert sched.cancel(1) == 0
+    sched.discard(1)
+    sched.update(batch, compute(batch), 0.0)  # outputs of a forgotten stream are dropped by id
+    assert sched.release(0.0) == []
+    assert sched.status(1) is None and sched.active == 0
+    sched.add(1, voice="v", pace=True, now=0.0)  # the id may be reused: it starts afresh
+    sched.push_text(1, "Again. ", now=0.0)
+    sched.end(1, now=0.0)
+    out = run_until_idle(sched, 0.0)
+    assert of(out, 1, "audio")[0].seq == 0 and of(out, 1, "done")
+
+
+def test_cancel_of_a_paced_stream_counts_held_frames() -> None:
+    sched = new(SchedulerOptions(lead_s=0.2))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 40) + ". ", now=0.0)
+    run_until_idle(sched, 0.0)
+    for now in (0.05, 0.1):  # a few rounds: audio is computed ahead, then held for pacing
+        run_until_idle(sched, now)
+    held = sched._streams[1].held
+    assert held, "pacing should hold computed audio back"
+    expected = sum(math.ceil(len(h.samples) / sched.opt.frame_samples) for h in held)
+    assert sched.cancel(1) == expected
+    assert sched.release(10.0) == []
+
+
+# ---------------------------------------------------------------- failures from the engine
+
+
+def test_unspeakable_segment_is_skipped() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "... ", now=0.0)
+    sched.end(1, now=0.0)
+    out = run_until_idle(sched, 0.0, prepare=lambda _text: None)
+    assert [o.kind for o in out] == ["done"] and out[0].frames == 0
+
+
+def test_engine_failure_ends_the_stream_with_an_error() -> None:
+    sched = new()
+    for sid in (1, 2):
+        sched.add(sid, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "This fails. ", now=0.0)
+    sched.push_text(2, "This works. ", now=0.0)
+    sched.end(2, now=0.0)
+
+    def prepare(text: str) -> Prepared | BaseException:
+        return RuntimeError("boom") if "fails" in text else make_prepared(text)
+
+    out = run_until_idle(sched, 0.0, prepare=prepare)
+    errors = of(out, 1)
+    assert [o.kind for o in errors] == ["error"] and errors[0].code == "internal" and "boom" in errors[0].message
+    assert sched.status(1) is Status.FINISHED_ERROR
+    assert of(out, 2, "done")
+
+
+# ---------------------------------------------------------------- admission
+
+
+def test_admission_by_measured_utilisation() -> None:
+    sched = new(SchedulerOptions(capacity=0.85, busy_window_s=2.0))
+    sched.cost_per_audio_s = 0.3  # each real-time stream takes 30 % of the worker
+    assert sched.capacity_streams() == 2
+    for sid in (1, 2):
+        sched.admit(0.0)
+        sched.add(sid, voice="v", pace=True, now=0.0)
+        sched.push_text(sid, "Hello there. ", now=0.0)
+    # two streams too new to show in the measured utilisation, plus the newcomer: 90 % > 85 %
+    with pytest.raises(Overloaded) as info:
+        sched.admit(0.0)
+    assert info.value.retry_after_ms > 0 and info.value.reason
+    assert sched.refusal(0.0) is not None
+    sched.cancel(1)  # a finished stream frees its share at once
+    sched.admit(0.0)
+    # later the worker's measured utilisation is what counts: an idle worker has room ...
+    sched.admit(3.0)
+    # ... a busy one (1.8 s of compute in the last 2 s) has not ...
+    sched.update(Batch([], []), BatchResult([], [], seconds=1.8), 3.0)
+    assert sched.utilisation(3.0) == pytest.approx(0.9)
+    with pytest.raises(Overloaded):
+        sched.admit(3.0)
+    # ... until that work falls out of the window
+    sched.admit(5.5)
+
+
+def test_contexts_without_text_do_not_count_against_admission() -> None:
+    sched = new(SchedulerOptions(capacity=0.85))
+    sched.cost_per_audio_s = 0.3
+    for sid in range(1, 6):
+        sched.admit(0.0)
+        sched.add(sid, voice="v", pace=True, now=0.0)
+
+
+def test_admission_max_streams() -> None:
+    sched = new(SchedulerOptions(max_streams=1))
+    sched.admit(0.0)
+    sched.add(1, voice="v", pace=True, now=0.0)
+    with pytest.raises(Overloaded) as info:
+        sched.admit(0.0)
+    assert info.value.retry_after_ms > 0
+    assert sched.capacity_streams() == 1
+    sched.cancel(1)
+    sched.discard(1)
+    sched.admit(0.0)
+
+
+def test_measured_cost_is_learnt_from_batches() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 40) + ". ", now=0.0)
+    before = sched.cost_per_audio_s
+    for _ in range(20):
+        batch = sched.schedule(0.0)
+        if batch is None:
+            break
+        result = compute(batch)
+        audio_s = sum(len(a) for a in result.audio if a is not None) / SR
+        result.seconds = audio_s * 0.5  # a slow machine: RTF 0.5
+        sched.update(batch, result, 0.0)
+        sched.release(0.0)
+    assert before < sched.cost_per_audio_s <= 0.5
