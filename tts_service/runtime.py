@@ -9,6 +9,7 @@ the *release* loop (hand paced frames to their transports when they fall due).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -38,6 +39,8 @@ class Synthesizer:
         self, engine: PiperEngine, *, options: SchedulerOptions | None = None, metrics: Metrics | None = None
     ) -> None:
         self.engine = engine
+        options = options or SchedulerOptions()
+        options = dataclasses.replace(options, context_frames=getattr(engine, "context", options.context_frames))
         self.scheduler = Scheduler(sample_rate=engine.sample_rate, options=options)
         self.metrics = metrics or Metrics()
         self._sinks: dict[int, Sink] = {}

@@ -57,6 +57,7 @@ class SchedulerOptions:
     frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
     max_jobs: int = 8  # per tick; bounds a tick's duration, hence cancel and TTFB latency
     max_tick_frames: int = 320  # latent frames (with context) per tick, first-audio work exempt
+    context_frames: int = 28  # the engine's context per window side; set from the engine by the runtime
     capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
@@ -339,7 +340,7 @@ class Scheduler:
             if len(preps) + len(windows) >= self.opt.max_jobs:
                 break
             size = self._window_size(s, lead)
-            cost = size + 2 * 24
+            cost = size + 2 * self.opt.context_frames
             if rank != 0 and frames + cost > self.opt.max_tick_frames and (preps or windows):
                 continue
             frames += cost

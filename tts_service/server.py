@@ -222,6 +222,8 @@ class _Connection:
             self.synth.push_text(ctx.sid, text)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), ctx.context_id) from None
+        except KeyError:
+            raise _finished(ctx.context_id) from None
         ctx.chars += len(text)
 
     def _known(self, msg: P.ClientMessage) -> _Context:
@@ -233,7 +235,10 @@ class _Connection:
         return ctx
 
     def _on_flush(self, msg: P.ClientMessage) -> None:
-        self.synth.flush(self._known(msg).sid)
+        try:
+            self.synth.flush(self._known(msg).sid)
+        except KeyError:
+            raise _finished(msg.context_id) from None
 
     def _on_end(self, msg: P.ClientMessage) -> None:
         ctx = self._known(msg)
@@ -265,6 +270,11 @@ class _Connection:
 
 
 _EMPTY = np.zeros(0, dtype=np.float32)
+
+
+def _finished(context_id: str | None) -> ProtocolError:
+    # The stream finished (its done/error is on its way) while this message was in flight.
+    return ProtocolError(ErrorCode.BAD_REQUEST, f"context {context_id!r} has finished; start a new context", context_id)
 
 
 class _Handled(Exception):
