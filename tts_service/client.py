@@ -93,10 +93,14 @@ class WordTimings:
 
 @dataclass(frozen=True, slots=True)
 class CancelResult:
-    acked: bool
+    acked: bool  # the server's ack arrived, or the context had already finished (nothing to stop)
     latency_s: float
     frames_dropped_server: int  # computed frames the server never sent
     frames_dropped_client: int  # frames that arrived after the cancel and were discarded
+    # "acked" | "finished" (done before the cancel) | "timeout" (no ack: connection dropped and
+    # re-established) | "disconnected" (the connection was already gone; the server drops a lost
+    # connection's contexts itself)
+    reason: str = "acked"
 
 
 _END = object()
@@ -359,8 +363,12 @@ class TTSClient:
         t0 = time.monotonic()
         already_finished = ctx.done
         self._gate(ctx)
-        if already_finished or not self.connected or ctx.context_id not in self._contexts:
-            return CancelResult(True, 0.0, 0, ctx.dropped_after_cancel)
+        if already_finished:
+            return CancelResult(True, 0.0, 0, ctx.dropped_after_cancel, "finished")
+        if not self.connected:
+            return CancelResult(False, 0.0, 0, ctx.dropped_after_cancel, "disconnected")
+        if ctx.context_id not in self._contexts:  # ended by an error meanwhile
+            return CancelResult(True, 0.0, 0, ctx.dropped_after_cancel, "finished")
         fut = asyncio.get_running_loop().create_future()
         self._acks.setdefault(ctx.context_id, []).append(fut)
         try:
@@ -374,9 +382,9 @@ class TTSClient:
             task = asyncio.ensure_future(self._reconnect_quietly())
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-            return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel)
+            return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel, "timeout")
         except TTSConnectionError:
-            return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel)
+            return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel, "disconnected")
         return CancelResult(True, time.monotonic() - t0, int(ack.get("frames_dropped", 0)), ctx.dropped_after_cancel)
 
     async def _reconnect_quietly(self) -> None:

@@ -1,0 +1,267 @@
+"""``streamvox bench conformance|load``: argument parsing and orchestration.
+
+Without ``--url`` the bench starts streamvox itself (``python -m tts_service`` on a free loopback
+port) and stops it afterwards; ``--baseline`` starts the batch baseline the same way (or uses
+``--baseline-url``). Servers run as their own processes so their CPU time is theirs alone.
+Exit status: 0 when the run completed (conformance: and every test of the server under test
+passed), 1 when a conformance test failed, 2 for a problem the user can fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+
+from ..protocol import WS_PATH
+
+_LOAD_DEFAULT_SECONDS = 15.0
+_LOAD_DEFAULT_LEVELS = "1,2,4,8,16"
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="measure a streaming TTS server (and a batch baseline) with numbers")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--url",
+            default=os.environ.get("STREAMVOX_URL"),
+            help=f"server under test, ws://HOST:PORT{WS_PATH} (default: start streamvox on a free port)",
+        )
+        p.add_argument("--baseline", action="store_true", help="also run against the batch baseline, side by side")
+        p.add_argument("--baseline-url", default=None, help="a running baseline (default: start one with --baseline)")
+        p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
+        p.add_argument("--plot", metavar="DIR", default=None, help="write PNG charts into DIR")
+        p.add_argument("--prebuffer-ms", type=float, default=80.0, help="simulated player's jitter buffer (ms)")
+
+    c = bsub.add_parser("conformance", help="the five tests that tell streaming from chunked batch")
+    common(c)
+    c.add_argument("--runs", type=int, default=5, help="runs per figure (default 5)")
+    c.add_argument("--transcribe", action="store_true", help="check the input-update audio with Whisper tiny.en")
+    c.add_argument("--no-sweep", action="store_true", help="skip the extra lengths (~2.4 s, ~12 s) of the TTFB plot")
+    c.set_defaults(func=conformance_cmd)
+
+    ld = bsub.add_parser("load", help="concurrency sweep with simulated real-time players")
+    common(ld)
+    ld.add_argument("--streams", default=_LOAD_DEFAULT_LEVELS, help=f"levels (default {_LOAD_DEFAULT_LEVELS})")
+    ld.add_argument(
+        "--seconds",
+        type=float,
+        default=_LOAD_DEFAULT_SECONDS,
+        help=f"talking time per level (default {_LOAD_DEFAULT_SECONDS:g})",
+    )
+    ld.set_defaults(func=load_cmd)
+
+    md = bsub.add_parser("markdown", help="print the results of --json files as markdown tables (for docs)")
+    md.add_argument("files", nargs="+", metavar="FILE")
+    md.set_defaults(func=markdown_cmd)
+
+
+def _levels(spec: str) -> tuple[int, ...]:
+    from ..cli import CliError
+
+    try:
+        levels = tuple(sorted({int(x) for x in spec.split(",") if x.strip()}))
+    except ValueError:
+        raise CliError(f"--streams {spec!r}: give comma-separated integers like 1,2,4,8") from None
+    if not levels or levels[0] < 1:
+        raise CliError(f"--streams {spec!r}: levels must be >= 1")
+    return levels
+
+
+@contextlib.contextmanager
+def _targets(args: argparse.Namespace, console):
+    """Yield ``{"streaming": Target, "baseline": Target?}``, spawning what has no URL."""
+    from .servers import BASELINE, DESCRIPTIONS, STREAMING, ServerStartError, Target, spawned
+
+    given: dict = {}
+    if args.url:
+        given[STREAMING] = Target(STREAMING, args.url, DESCRIPTIONS[STREAMING])
+    if args.baseline and args.baseline_url:
+        given[BASELINE] = Target(BASELINE, args.baseline_url, DESCRIPTIONS[BASELINE])
+    missing = [n for n in (STREAMING, BASELINE) if n not in given and (n == STREAMING or args.baseline)]
+    if missing:
+        console.print(f"starting {' and '.join(missing)} server(s) on free loopback ports (loading the voice) ...")
+    try:
+        with spawned(*missing) as started:
+            yield {**given, **started}
+    except ServerStartError as exc:
+        from ..cli import CliError
+
+        raise CliError(str(exc)) from None
+
+
+def _run(coro_fn: Callable, status, what: str):
+    from ..cli import CliError
+    from .wire import WireError
+
+    try:
+        return asyncio.run(coro_fn())
+    except WireError as exc:
+        raise CliError(f"{what}: {exc}") from None
+    finally:
+        status.update("done")
+
+
+def conformance_cmd(args: argparse.Namespace) -> int:
+    from . import conformance as C
+    from . import report
+    from .servers import BASELINE, STREAMING, machine
+
+    out, err = report.console(), report.console(stderr=True)
+    opts = C.ConformanceOptions(
+        runs=max(1, args.runs),
+        prebuffer_s=args.prebuffer_ms / 1000,
+        transcribe=args.transcribe,
+        sweep=not args.no_sweep,
+    )
+    whisper = None
+    if args.transcribe:
+        err.print("loading Whisper tiny.en for --transcribe ...")
+        whisper = C.load_whisper()
+    info = machine()
+    results: dict[str, list[dict]] = {}
+    t0 = time.perf_counter()
+    with _targets(args, err) as targets, err.status("conformance ...") as status:
+        for name in (STREAMING, BASELINE):
+            target = targets.get(name)
+            if target is None:
+                continue
+            err.print(f"[bold]{name}[/]: {target.description}\n  at {target.ws_url}")
+
+            def progress(msg: str, _name: str = name) -> None:
+                status.update(f"{_name}: {msg}")
+
+            async def go(_t=target, _p=progress):
+                return await C.run_conformance(_t.ws_url, opts, _p, whisper)
+
+            tests = _run(go, status, f"conformance against {target.ws_url}")
+            results[name] = tests
+            err.print(f"  {name}: " + ", ".join(f"{t['name']} {'PASS' if t['passed'] else 'FAIL'}" for t in tests))
+        descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    tests, base = results[STREAMING], results.get(BASELINE)
+    out.print(report.conformance_table(tests, base))
+    out.print(report.criteria(tests))
+    if base is not None:
+        out.print(f"[dim]baseline: {descriptions[BASELINE][1]}[/]")
+    out.print(f"[dim]{time.perf_counter() - t0:.0f} s on {info['cores']} cores ({info['cpu_model']})[/]")
+    if args.json:
+        doc = report.document(
+            "conformance",
+            machine=info,
+            options=dataclasses.asdict(opts),
+            server={"url": descriptions[STREAMING][0], "description": descriptions[STREAMING][1]},
+            body={
+                "tests": tests,
+                "passed": all(t["passed"] for t in tests),
+                "baseline_over_streaming": report.headline_ratios(tests, base) if base else None,
+            },
+            baseline=None
+            if base is None
+            else {
+                "url": descriptions[BASELINE][0],
+                "description": descriptions[BASELINE][1],
+                "tests": base,
+                "passed": all(t["passed"] for t in base),
+            },
+        )
+        report.write_json(args.json, doc)
+        err.print(f"wrote {args.json}")
+    if args.plot:
+        from .plots import conformance_plots
+
+        for p in conformance_plots(results, args.plot):
+            err.print(f"wrote {p}")
+    return 0 if all(t["passed"] for t in tests) else 1
+
+
+def load_cmd(args: argparse.Namespace) -> int:
+    from . import load as L
+    from . import report
+    from .servers import BASELINE, STREAMING, machine
+
+    out, err = report.console(), report.console(stderr=True)
+    opts = L.LoadOptions(levels=_levels(args.streams), seconds=args.seconds, prebuffer_s=args.prebuffer_ms / 1000)
+    info = machine()
+    results: dict[str, dict] = {}
+    t0 = time.perf_counter()
+    with _targets(args, err) as targets, err.status("load ...") as status:
+        for name in (STREAMING, BASELINE):
+            target = targets.get(name)
+            if target is None:
+                continue
+            err.print(f"[bold]{name}[/]: {target.description}\n  at {target.ws_url}")
+
+            def progress(msg: str, _name: str = name) -> None:
+                status.update(f"load, {_name}: {msg}")
+
+            async def go(_t=target, _p=progress):
+                res = {"levels": []}
+                for n in opts.levels:
+                    lv = await L.run_level(_t.ws_url, n, opts, _p)
+                    res["levels"].append(lv)
+                    err.print(
+                        f"  {n:>3} streams: TTFB p95 {report.fmt(lv['ttfb_ms_p95'], 'ms')}, "
+                        f"underruns/stream {lv['underruns']:.2f}, refused {lv['refused']}, "
+                        f"CPU {report.fmt(lv['cpu_pct'])} %, {'healthy' if lv['healthy'] else 'not healthy'}"
+                    )
+                    await asyncio.sleep(opts.settle_s)
+                res["max_healthy_streams"] = L.max_healthy_streams(res["levels"])
+                return res
+
+            results[name] = _run(go, status, f"load against {target.ws_url}")
+        descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    main, base = results[STREAMING], results.get(BASELINE)
+    out.print(report.load_table("load: streamvox", main["levels"], main["max_healthy_streams"]))
+    if base is not None:
+        out.print(report.load_table("load: batch baseline", base["levels"], base["max_healthy_streams"]))
+        out.print(report.load_comparison(main["levels"], base["levels"]))
+        out.print(f"[dim]baseline: {descriptions[BASELINE][1]}[/]")
+    out.print(
+        f"[dim]healthy = TTFB p95 <= {L.TTFB_HEALTHY_MS:.0f} ms, no underrun after the first frame "
+        f"({args.prebuffer_ms:.0f} ms jitter buffer), no refusal; server CPU in % of one core; "
+        f"{time.perf_counter() - t0:.0f} s on {info['cores']} cores ({info['cpu_model']})[/]"
+    )
+    if args.json:
+        opt = dataclasses.asdict(opts)
+        opt.pop("turns")
+        doc = report.document(
+            "load",
+            machine=info,
+            options={**opt, "ttfb_healthy_ms": L.TTFB_HEALTHY_MS},
+            server={"url": descriptions[STREAMING][0], "description": descriptions[STREAMING][1]},
+            body={"levels": main["levels"], "max_healthy_streams": main["max_healthy_streams"]},
+            baseline=None
+            if base is None
+            else {"url": descriptions[BASELINE][0], "description": descriptions[BASELINE][1], **base},
+        )
+        report.write_json(args.json, doc)
+        err.print(f"wrote {args.json}")
+    if args.plot:
+        from .plots import load_plots
+
+        series = {STREAMING: main["levels"], **({BASELINE: base["levels"]} if base else {})}
+        for p in load_plots(series, args.plot, L.TTFB_HEALTHY_MS):
+            err.print(f"wrote {p}")
+    return 0
+
+
+def markdown_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from ..cli import CliError
+    from .report import markdown
+
+    for path in args.files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot read {path}: {exc}") from None
+        print(markdown(doc), end="\n\n")
+    return 0

@@ -1,0 +1,163 @@
+"""Servers under test: spawn them as processes (so CPU is accounted per process), scrape /metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from .. import protocol as P
+
+STREAMING = "streaming"
+BASELINE = "baseline"
+DESCRIPTIONS = {
+    STREAMING: "streamvox: incremental text, windowed vocoder, paced frames (the server under test)",
+    BASELINE: "batch baseline: piper-tts PiperVoice.synthesize renders the whole utterance, then every frame "
+    "is sent at once (like piper's own HTTP server); same voice, same machine, same protocol",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A server to measure: its WebSocket URL, the matching HTTP base, and what it is."""
+
+    name: str
+    ws_url: str
+    description: str
+
+    @property
+    def http_base(self) -> str:
+        return http_base(self.ws_url)
+
+
+def http_base(ws_url: str) -> str:
+    """``ws://h:p/v1/stream`` -> ``http://h:p`` (``wss`` -> ``https``)."""
+    parts = urlsplit(ws_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, "", "", ""))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerStartError(Exception):
+    pass
+
+
+def wait_ready(base: str, proc: subprocess.Popen | None = None, timeout: float = 180.0, log: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerStartError(f"the server exited with status {proc.returncode}{_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise ServerStartError(f"{base} did not become ready within {timeout:.0f} s{_tail(log)}")
+
+
+def _tail(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()[-15:]
+    except OSError:
+        return ""
+    return "; its last output:\n  " + "\n  ".join(lines) if lines else ""
+
+
+def server_command(name: str, port: int) -> list[str]:
+    if name == STREAMING:
+        return [sys.executable, "-m", "tts_service", "--port", str(port), "--log-level", "WARNING"]
+    return [sys.executable, "-m", "tts_service.bench.baseline", "--port", str(port)]
+
+
+class _Child:
+    """One server process with its output in a temporary log (shown only if it fails to start)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix=f"streamvox-bench-{name}-", suffix=".log", delete=False)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            server_command(name, self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
+
+    def wait(self, timeout: float) -> Target:
+        wait_ready(f"http://127.0.0.1:{self.port}", self.proc, timeout, self.log.name)
+        return Target(self.name, f"ws://127.0.0.1:{self.port}{P.WS_PATH}", DESCRIPTIONS[self.name])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+
+@contextlib.contextmanager
+def spawned(*names: str, timeout: float = 180.0) -> Iterator[dict[str, Target]]:
+    """Run servers as child processes on free loopback ports (loading in parallel) for the block."""
+    children: list[_Child] = []
+    try:
+        for name in names:
+            children.append(_Child(name))
+        yield {c.name: c.wait(timeout) for c in children}
+    finally:
+        for c in children:
+            c.stop()
+
+
+_CPU_RE = re.compile(r"^process_cpu_seconds_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+
+
+def parse_cpu_seconds(metrics_text: str) -> float | None:
+    m = _CPU_RE.search(metrics_text)
+    return float(m.group(1)) if m else None
+
+
+def cpu_seconds(base: str) -> float | None:
+    """The server process's CPU seconds from its ``/metrics`` (None if it does not expose them)."""
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+            return parse_cpu_seconds(resp.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
+def machine() -> dict[str, object]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"cores": os.cpu_count(), "cpu_model": model, "load_avg_1m_at_start": load}
