@@ -190,7 +190,12 @@ class PiperEngine:
             phonemes.extend(sentence)
         return phonemes
 
-    def prepare(self, text: str, voice: str | None = None) -> Prepared | None:
+    def run_options(self):
+        """A handle to abort runs from another thread (``.terminate = True``): the runtime uses
+        it to drop a batch that only cancelled streams still wait for."""
+        return self._ort.RunOptions()
+
+    def prepare(self, text: str, voice: str | None = None, run_options=None) -> Prepared | None:
         """Front part for one segment; ``None`` when the text has nothing to speak."""
         name = self.resolve(voice)
         v = self.voices[name]
@@ -205,6 +210,7 @@ class PiperEngine:
         z_p, mask, durations = v.front.run(
             [Z_P, MASK, DURATIONS],
             {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": v.scales},
+            run_options,
         )
         durations = durations.reshape(-1)
         words = self._word_times(v, text, phonemes, durations)
@@ -269,7 +275,7 @@ class PiperEngine:
         return cached
 
     # ------------------------------------------------------------------ back part
-    def decode(self, windows: list[Window]) -> list[np.ndarray]:
+    def decode(self, windows: list[Window], run_options=None) -> list[np.ndarray]:
         """Audio (float32, fixed gain, clipped to [-1, 1]) for each window, in order."""
         results: list[np.ndarray | None] = [None] * len(windows)
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -283,7 +289,7 @@ class PiperEngine:
         for (voice, _), members in groups.items():
             z = np.concatenate([windows[i].prepared.z_p[:, :, spans[i][0] : spans[i][1]] for i in members])
             m = np.concatenate([windows[i].prepared.mask[:, :, spans[i][0] : spans[i][1]] for i in members])
-            audio = self.voices[voice].back.run(None, {Z_P: z, MASK: m})[0].reshape(len(members), -1)
+            audio = self.voices[voice].back.run(None, {Z_P: z, MASK: m}, run_options)[0].reshape(len(members), -1)
             for row, i in enumerate(members):
                 w, lo = windows[i], spans[i][0]
                 chunk = audio[row, (w.start - lo) * HOP : (w.end - lo) * HOP] * self.gain

@@ -45,6 +45,9 @@ class Metrics:
         )
         self.streams = Counter("streamvox_streams", "Finished streams by outcome", ["status"], registry=r)
         self.errors = Counter("streamvox_errors", "Error messages sent, by code", ["code"], registry=r)
+        self.batches_aborted = Counter(
+            "streamvox_batches_aborted", "Running batches stopped because all their streams were cancelled", registry=r
+        )
         self.frames_dropped = Counter(
             "streamvox_frames_dropped", "Computed frames never sent because of a cancel", registry=r
         )

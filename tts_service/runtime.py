@@ -49,6 +49,7 @@ class Synthesizer:
         self._work = asyncio.Event()
         self._due = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._inflight: tuple[set[int], object] | None = None  # the running batch's streams and abort handle
         self.started_at = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
@@ -59,6 +60,8 @@ class Synthesizer:
         ]
 
     async def stop(self) -> None:
+        if self._inflight is not None:
+            self._inflight[1].terminate = True  # do not make shutdown wait for a long segment
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -93,6 +96,7 @@ class Synthesizer:
         """Stop a stream now; its sink receives nothing more. Returns frames never sent."""
         dropped = self.scheduler.cancel(sid)
         self._close(sid, "cancelled")
+        self._abort_if_orphaned()
         self.metrics.frames_dropped.inc(dropped)
         return dropped
 
@@ -120,11 +124,15 @@ class Synthesizer:
                 except TimeoutError:
                     pass
                 continue
+            run_options = self.engine.run_options()
+            self._inflight = (batch.sids, run_options)
             try:
-                result = await loop.run_in_executor(self._executor, self._execute, batch)
+                result = await loop.run_in_executor(self._executor, self._execute, batch, run_options)
             except Exception as exc:  # the executor itself failed: fail the batch's streams
                 log.exception("inference worker failed")
                 result = BatchResult([exc] * len(batch.preps), [exc] * len(batch.windows))
+            finally:
+                self._inflight = None
             self.scheduler.update(batch, result, time.monotonic())
             self.metrics.batch_size.observe(len(batch.windows))
             self.metrics.batch_seconds.observe(result.seconds)
@@ -133,16 +141,31 @@ class Synthesizer:
             self.metrics.capacity.set(self.scheduler.capacity_streams())
             self._due.set()
 
-    def _execute(self, batch: Batch) -> BatchResult:
+    def _abort_if_orphaned(self) -> None:
+        """Abort the running batch when every stream it computes for has been cancelled.
+
+        Without this a cancel is honoured at the next tick, but the next turn's first audio still
+        waits for the orphaned tick (a long segment's front part plus a 64-frame window: 100-300 ms
+        on a busy 2-core machine). onnxruntime stops a run whose ``RunOptions.terminate`` is set.
+        """
+        if self._inflight is None:
+            return
+        sids, run_options = self._inflight
+        if all((st := self.scheduler.status(sid)) is None or st.finished for sid in sids):
+            run_options.terminate = True
+            self.metrics.batches_aborted.inc()
+
+    def _execute(self, batch: Batch, run_options=None) -> BatchResult:
         """Worker thread: front parts first, then every window of the tick in one decode call."""
         t0 = time.perf_counter()
         prepared: list[Prepared | BaseException | None] = []
         fresh: dict[int, Prepared | BaseException | None] = {}
         for job in batch.preps:
             try:
-                p = self.engine.prepare(job.segment.text, job.voice)
+                p = self.engine.prepare(job.segment.text, job.voice, run_options)
             except Exception as exc:
-                log.exception("front part failed for %r", job.segment.text[:60])
+                if not getattr(run_options, "terminate", False):
+                    log.exception("front part failed for %r", job.segment.text[:60])
                 p = exc
             prepared.append(p)
             fresh[id(job.segment)] = p
@@ -156,10 +179,11 @@ class Synthesizer:
                 slots.append(i)
         if windows:
             try:
-                for i, chunk in zip(slots, self.engine.decode(windows)):
+                for i, chunk in zip(slots, self.engine.decode(windows, run_options)):
                     audio[i] = chunk
             except Exception as exc:
-                log.exception("vocoder failed")
+                if not getattr(run_options, "terminate", False):
+                    log.exception("vocoder failed")
                 for i in slots:
                     audio[i] = exc
         return BatchResult(prepared, audio, time.perf_counter() - t0)
