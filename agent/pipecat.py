@@ -1,0 +1,497 @@
+"""streamvox for Pipecat 1.14: ``StreamvoxTTSService``, a WebSocket TTS service with acknowledged barge-in.
+
+Drop-in for any Pipecat pipeline (``examples/pipecat_tts.py``)::
+
+    tts = StreamvoxTTSService(url="ws://127.0.0.1:8765/v1/stream")
+    pipeline = Pipeline([transport.input(), stt, user_agg, llm, tts, transport.output(), assistant_agg])
+
+What it does differently from Pipecat's stock WebSocket TTS services, and why:
+
+* **One persistent connection.** ``InterruptibleTTSService`` drops and re-opens its socket on every
+  interruption, which puts a TCP + WebSocket (+ TLS) handshake in front of the next turn's first
+  byte. Here an interruption is a protocol ``cancel`` on the same socket; the socket is replaced
+  only when it really fails (the receive loop ends, a send fails, or a cancel is never
+  acknowledged), through ``WebsocketService``'s reconnect with exponential backoff.
+* **Tokens in, segmentation on the server.** ``TextAggregationMode.TOKEN``: every LLM token is sent
+  as it arrives; the server segments and starts audio after the first clause. Each Pipecat audio
+  context (one LLM turn, or one ``TTSSpeakFrame``) is one protocol context, ended with ``end`` by
+  ``flush_audio`` at the end of the turn.
+* **Cancel without delay, ack in the background.** ``on_audio_context_interrupted`` runs before the
+  ``InterruptionFrame`` continues to the output transport, so it must not wait for a round trip.
+  It gates the context at once (every later frame of it is dropped here and counted in
+  ``stats.frames_dropped``), and a background task sends ``cancel`` and waits for ``cancelled``.
+  No ack within ``cancel_ack_timeout_s`` means the connection can no longer be trusted: it is
+  logged, aborted and re-established.
+* **Only spoken words reach the context.** The server's word timings go to ``add_word_timestamps``
+  with ``push_text_frames=False``, so ``TTSTextFrame``\\ s carry presentation times and the output
+  transport releases each word when its audio plays. After a barge-in the assistant message
+  holds what the caller heard, not the whole sentence that was queued. Word times are corrected
+  for delivery gaps (a lagging server or link), which would otherwise let words run ahead of
+  their audio.
+* **Metrics.** TTFB is measured for every context (pass ``PipelineParams(enable_metrics=True,
+  report_only_initial_ttfb=False)``), the measurement of an interrupted context that never
+  produced audio is abandoned rather than reported; usage metrics per turn. ``stats`` holds
+  connection, cancel, ack-latency and dropped-frame counts.
+* **Format negotiated per context.** Pipecat frames carry 16-bit PCM, so the service always asks
+  for ``pcm_s16le``, at the pipeline's output rate when the server offers it (8/16/24/48 kHz and
+  22.05/44.1 kHz, so 8 kHz for phone transports, 16-48 kHz for WebRTC) and at the voice's native
+  rate otherwise; the rate the server confirms in ``started`` is checked and resampled here if it
+  differs. (The Twilio serializer makes mu-law itself; asking the server for mu-law would only
+  move the codec.)
+
+**Jitter buffer: deliberately not used here.** ``agent.jitter.AdaptiveJitterBuffer`` is for a
+sink that *pulls* audio at a fixed rate with no queue of its own (a sound-card callback, a LiveKit
+``AudioSource`` with a short queue, ``agent.playback``): there a late frame is an audible gap and
+a few tens of ms of priming prevent it. Pipecat's output transport is not such a sink: it queues
+every audio frame it is given and writes it out on the real-time clock, and the server paces each
+context a bounded lead (``--lead-ms``, default 400 ms) ahead of that clock, so arrival jitter
+below the lead is already absorbed by the transport's own queue. A buffer in front of it would
+add its priming depth to every first byte and give an interruption one more place to flush. The
+gaps that remain come from a server that falls behind real time (an overloaded CPU: on a shared
+2-core box the tests see 0.2-0.5 s); a client buffer cannot hide a sustained deficit without
+delaying the whole reply by it. The service measures them (``stats.max_lag_s``) and re-times the
+words so that the context stays true. Use the jitter buffer in front of a pull-based sink, or
+here only for a link whose jitter exceeds the server's lead (better: raise the lead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.processors.frame_processor import FrameProcessorSetup
+from pipecat.services.settings import TTSSettings
+from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
+from websockets.protocol import State
+
+from tts_service import protocol as P
+from tts_service.protocol import MsgType
+
+__all__ = ["StreamvoxStats", "StreamvoxTTSService"]
+
+DEFAULT_URL = f"ws://127.0.0.1:{P.DEFAULT_PORT}{P.WS_PATH}"
+
+
+@dataclass
+class StreamvoxStats:
+    """Counters of one service instance (all since construction)."""
+
+    connections: int = 0  # successful handshakes; 1 means the socket was never replaced
+    contexts: int = 0  # protocol contexts opened
+    cancels: int = 0  # cancels sent
+    cancel_acks: int = 0
+    cancel_ack_timeouts: int = 0  # each one replaced the connection
+    frames_dropped: int = 0  # frames that arrived for a cancelled or unknown context, discarded here
+    frames_dropped_server: int = 0  # frames the server computed but never sent (from the acks)
+    cancel_ack_latency_s: list[float] = field(default_factory=list)
+    max_lag_s: float = 0.0  # worst delivery lag behind a real-time player (playout gaps), any context
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self.connections - 1)
+
+
+@dataclass(eq=False)
+class _Context:
+    """One protocol context on the current connection."""
+
+    context_id: str
+    stream: int | None = None  # the server's tag on binary frames, from ``started``
+    sample_rate: int = 0
+    ended: bool = False  # ``end`` sent
+    finished: bool = False  # ``done`` / ``cancelled`` / final ``error`` received
+    cancelled: bool = False  # gated: nothing of it goes downstream any more
+    frames: int = 0
+    dropped: int = 0
+    # Word timing against the audio actually delivered (see _time_words).
+    words: deque[tuple[str, float]] = field(default_factory=deque)  # (word, start s) not yet due
+    audio_s: float = 0.0  # audio received so far
+    play_end: float = 0.0  # when a real-time player started at the first frame finishes it
+    first_at: float | None = None
+    lag_s: float = 0.0  # how far delivery has fallen behind that player (underruns), never shrinks
+
+
+class StreamvoxTTSService(WebsocketTTSService):
+    """Pipecat TTS service for a streamvox server (protocol v1), one persistent WebSocket."""
+
+    def __init__(
+        self,
+        *,
+        url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        voice: str | None = None,
+        sample_rate: int | None = None,
+        pace: bool = True,
+        cancel_ack_timeout_s: float = 1.0,
+        connect_timeout_s: float = 5.0,
+        reconnect_backoff_min_s: float = 0.2,
+        reconnect_backoff_max_s: float = 5.0,
+        settings: TTSSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the service; it connects when the pipeline starts.
+
+        Args:
+            url: the server's WebSocket endpoint (``ws://host:port/v1/stream``).
+            api_key: sent as ``Authorization: Bearer`` when the server requires one.
+            voice: voice name (default: the server's default voice); runtime-updatable through
+                ``TTSUpdateSettingsFrame(delta=TTSSettings(voice=...))``, applied from the next
+                context on.
+            sample_rate: output rate; default the pipeline's ``audio_out_sample_rate``.
+            pace: let the server pace audio a bounded lead ahead of real time (cheap cancels,
+                fair sharing). ``False`` renders as fast as possible.
+            cancel_ack_timeout_s: how long a cancel may go unacknowledged before the connection
+                is replaced.
+            connect_timeout_s: bound on the handshake plus the server's ``ready``.
+            reconnect_backoff_min_s, reconnect_backoff_max_s: backoff between failed reconnects.
+            settings: Pipecat TTS settings (``voice`` is used; ``model``/``language`` are not).
+            **kwargs: passed to ``WebsocketTTSService`` / ``TTSService``.
+        """
+        base = TTSSettings(model=None, voice=voice, language=None)
+        if settings is not None:
+            base.apply_update(settings)
+        kwargs.setdefault("text_aggregation_mode", TextAggregationMode.TOKEN)
+        super().__init__(
+            push_text_frames=False,  # words come from the server's timings, as they are played
+            push_start_frame=True,  # the base opens the audio context and starts TTFB per context
+            pause_frame_processing=False,  # frames carry their context's stream tag
+            sample_rate=sample_rate,
+            settings=base,
+            **kwargs,
+        )
+        self._url = url
+        self._api_key = api_key
+        self._pace = pace
+        self._cancel_ack_timeout_s = cancel_ack_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        # WebsocketService defaults (4-10 s) suit cloud rate limits, not a co-located server.
+        self._reconnect_backoff_min_wait = reconnect_backoff_min_s
+        self._reconnect_backoff_max_wait = reconnect_backoff_max_s
+        self.stats = StreamvoxStats()
+        self.server_info: dict[str, Any] = {}
+        self._request_rate: int | None = None
+        self._contexts: dict[str, _Context] = {}
+        self._by_stream: dict[int, _Context] = {}
+        self._acks: dict[str, asyncio.Future] = {}
+        self._ack_tasks: set[asyncio.Task] = set()
+        self._receive_task: asyncio.Task | None = None
+        # On-demand connects (from run_tts) back off too, so a dead server is not dialled per token.
+        self._connect_failures = 0
+        self._next_connect_at = 0.0
+        self._unspoken_context: str | None = None  # the context already told "not connected"
+
+    def can_generate_metrics(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def setup(self, setup: FrameProcessorSetup) -> None:
+        await super().setup(setup)
+        # The server resamples to any of its rates; other rates are resampled here.
+        self._request_rate = self.sample_rate if self.sample_rate in P.SAMPLE_RATES else None
+        await self._connect()
+
+    async def _connect(self) -> None:
+        await super()._connect()
+        await self._connect_websocket()
+        if self._websocket and not self._receive_task:
+            self._receive_task = self.create_task(self._receive_task_handler(self._report_error), "streamvox-recv")
+
+    async def _disconnect(self) -> None:
+        await super()._disconnect()
+        for task in list(self._ack_tasks):
+            await self.cancel_task(task)
+        self._ack_tasks.clear()
+        if self._receive_task:
+            await self.cancel_task(self._receive_task)
+            self._receive_task = None
+        await self._disconnect_websocket()
+
+    async def _connect_websocket(self) -> None:
+        if self._websocket is not None and self._websocket.state is State.OPEN:
+            return
+        try:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            ws = await self._websocket_connect(
+                self._url, additional_headers=headers, open_timeout=self._connect_timeout_s
+            )
+            try:
+                raw = await asyncio.wait_for(ws.recv(), self._connect_timeout_s)
+                info = P.parse_server_message(raw) if isinstance(raw, str) else {}
+                if info.get("type") != MsgType.READY or info.get("protocol") != P.PROTOCOL_VERSION:
+                    raise ConnectionError(f"server at {self._url} speaks an unexpected protocol: {info}")
+            except BaseException:
+                await ws.close()
+                raise
+        except Exception as exc:
+            self._connect_failures += 1
+            backoff = self._reconnect_backoff_min_wait * 2 ** (self._connect_failures - 1)
+            self._next_connect_at = time.monotonic() + min(self._reconnect_backoff_max_wait, backoff)
+            # No secrets in the message: the URL carries none (the key travels in a header).
+            await self.push_error(error_msg=f"cannot connect to streamvox at {self._url}: {exc}", exception=exc)
+            self._websocket = None
+            await self._call_event_handler("on_connection_error", f"{exc}")
+            return
+        self._reset_connection_state("connection replaced")
+        self._connect_failures = 0
+        self._websocket = ws
+        self.server_info = info
+        self.stats.connections += 1
+        logger.debug(f"{self} connected to {self._url} (connection {self.stats.connections})")
+        await self._call_event_handler("on_connected")
+
+    async def _disconnect_websocket(self) -> None:
+        ws, self._websocket = self._websocket, None
+        try:
+            await self.cancel_ttfb_metrics()  # audio still due on this socket will not come
+            if ws is not None:
+                await ws.close()
+        except Exception as exc:
+            logger.warning(f"{self} error closing the connection: {exc}")
+        finally:
+            self._reset_connection_state("connection closed")
+            await self._call_event_handler("on_disconnected")
+
+    def _reset_connection_state(self, reason: str) -> None:
+        """Contexts and stream numbers belong to one connection; a new one starts empty."""
+        self._contexts.clear()
+        self._by_stream.clear()
+        for fut in self._acks.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(reason))
+                fut.exception()  # retrieved: a tracker may already have given up on it
+        self._acks.clear()
+
+    def _open_socket(self):
+        ws = self._websocket
+        return ws if ws is not None and ws.state is State.OPEN else None
+
+    # ------------------------------------------------------------------ text in
+
+    async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
+        """Send one token (or sentence) of ``context_id``; its audio arrives on the receive task."""
+        ws = self._open_socket()
+        if ws is None and time.monotonic() >= self._next_connect_at:
+            await self._connect()
+            ws = self._open_socket()
+        if ws is None:
+            if self._unspoken_context != context_id:  # one error per context, not one per token
+                self._unspoken_context = context_id
+                yield ErrorFrame(error=f"{self}: not connected to {self._url}; text not spoken")
+            return
+        ctx = self._contexts.get(context_id)
+        try:
+            if ctx is None:
+                # Registered before the send, so an interruption racing it still cancels it.
+                ctx = self._contexts[context_id] = _Context(context_id)
+                self.stats.contexts += 1
+                voice = self._settings.voice
+                await ws.send(
+                    P.start(
+                        context_id,
+                        voice=voice if isinstance(voice, str) and voice else None,
+                        sample_rate=self._request_rate,
+                        encoding=P.PCM_S16LE,
+                        pace=self._pace,
+                        text=text,
+                    )
+                )
+            elif not ctx.ended and not ctx.cancelled:
+                await ws.send(P.text(context_id, text))
+            await self.start_tts_usage_metrics(text)
+        except Exception as exc:
+            # The receive loop sees the broken socket and reconnects; this text is lost.
+            yield ErrorFrame(error=f"{self}: sending text failed: {exc}")
+            return
+        yield None
+
+    async def flush_audio(self, context_id: str | None = None) -> None:
+        """End of the turn: no more text for this context; ``done`` follows its last frame."""
+        ctx = self._contexts.get(context_id or self.get_active_audio_context_id() or "")
+        ws = self._open_socket()
+        if ctx is None or ctx.ended or ctx.cancelled or ws is None:
+            return
+        ctx.ended = True
+        try:
+            await ws.send(P.end(ctx.context_id))
+        except Exception as exc:
+            logger.warning(f"{self} sending 'end' failed: {exc}")
+
+    # ------------------------------------------------------------------ barge-in
+
+    async def on_audio_context_interrupted(self, context_id: str) -> None:
+        """Gate the context now; cancel and track the ack in the background.
+
+        This runs before the ``InterruptionFrame`` reaches the output transport, so nothing here
+        waits on the network: the flush of what is already queued for playback is not delayed.
+        """
+        await self.cancel_ttfb_metrics()  # an interrupted context's TTFB is not a TTFB
+        ctx = self._contexts.get(context_id)
+        if ctx is not None and not ctx.cancelled:
+            ctx.cancelled = True
+            if ctx.finished:
+                self._forget(ctx)
+            else:
+                self.stats.cancels += 1
+                task = self.create_task(self._cancel_and_track(ctx), f"streamvox-cancel-{context_id}")
+                self._ack_tasks.add(task)
+                task.add_done_callback(self._ack_tasks.discard)
+        await super().on_audio_context_interrupted(context_id)
+
+    async def _cancel_and_track(self, ctx: _Context) -> None:
+        ws = self._open_socket()
+        if ws is None:
+            return  # the connection is gone, and with it the context
+        t0 = time.monotonic()
+        fut = self._acks[ctx.context_id] = asyncio.get_running_loop().create_future()
+        try:
+            await ws.send(P.cancel(ctx.context_id))
+            ack = await asyncio.wait_for(fut, self._cancel_ack_timeout_s)
+        except TimeoutError:
+            self.stats.cancel_ack_timeouts += 1
+            logger.warning(
+                f"{self} cancel of {ctx.context_id} not acknowledged within {self._cancel_ack_timeout_s:.1f} s:"
+                " replacing the connection"
+            )
+            self._acks.pop(ctx.context_id, None)
+            if self._websocket is ws:
+                # Abort rather than close: a peer that ignores a cancel may ignore a close too.
+                # The receive loop then ends with an error and WebsocketService reconnects.
+                ws.transport.abort()
+            return
+        except Exception as exc:  # send failed or the connection was replaced meanwhile
+            logger.debug(f"{self} cancel of {ctx.context_id} not tracked: {exc}")
+            return
+        latency = time.monotonic() - t0
+        self.stats.cancel_acks += 1
+        self.stats.cancel_ack_latency_s.append(latency)
+        self.stats.frames_dropped_server += int(ack.get("frames_dropped", 0))
+        logger.debug(
+            f"{self} cancel of {ctx.context_id} acknowledged in {1000 * latency:.1f} ms "
+            f"({ack.get('frames_dropped', 0)} frames never sent, {ctx.dropped} dropped here)"
+        )
+
+    def _forget(self, ctx: _Context) -> None:
+        ctx.finished = True
+        if self._contexts.get(ctx.context_id) is ctx:
+            del self._contexts[ctx.context_id]
+        if ctx.stream is not None and self._by_stream.get(ctx.stream) is ctx:
+            del self._by_stream[ctx.stream]
+
+    # ------------------------------------------------------------------ audio and events out
+
+    async def _receive_messages(self) -> None:
+        ws = self._websocket
+        if ws is None:
+            raise ConnectionError(f"{self} not connected")
+        async for message in ws:
+            if isinstance(message, bytes):
+                await self._on_audio(message)
+            else:
+                await self._on_message(P.parse_server_message(message))
+
+    async def _on_audio(self, data: bytes) -> None:
+        stream, _seq, pcm = P.unpack_frame(data)
+        ctx = self._by_stream.get(stream)
+        if ctx is None or ctx.cancelled:
+            # Late frames of a cancelled context (or of one the server knows and we do not).
+            self.stats.frames_dropped += 1
+            if ctx is not None:
+                ctx.dropped += 1
+            return
+        await self._time_words(ctx, len(pcm) / 2 / ctx.sample_rate)
+        if ctx.sample_rate != self.sample_rate:
+            pcm = await self._resampler.resample(pcm, ctx.sample_rate, self.sample_rate)
+        ctx.frames += 1
+        frame = TTSAudioRawFrame(audio=pcm, sample_rate=self.sample_rate, num_channels=1, context_id=ctx.context_id)
+        await self.append_to_audio_context(ctx.context_id, frame)
+
+    async def _time_words(self, ctx: _Context, frame_s: float | None) -> None:
+        """Queue the words that start in the frame about to be queued, timed as it will play.
+
+        The server times words from the start of the context's audio, and Pipecat turns those
+        times into presentation times from the first audio frame, which is right only while
+        audio arrives ahead of real time. When the server or the link falls behind, the player
+        has gaps and wall-clock word times run ahead of the audio: after a barge-in the context
+        would hold words nobody heard. So each word is held until the frame holding its start
+        arrives and shifted by the delivery lag of a real-time player started at the first
+        frame. (If the context waits behind another one, the lag only delays words a little.)
+        """
+        if frame_s is None:  # the context is done: whatever is left is due now
+            end = float("inf")
+        else:
+            now = time.monotonic()
+            if ctx.first_at is None:
+                ctx.first_at = ctx.play_end = now
+            start = max(now, ctx.play_end)
+            ctx.lag_s = max(ctx.lag_s, start - (ctx.first_at + ctx.audio_s))
+            self.stats.max_lag_s = max(self.stats.max_lag_s, ctx.lag_s)
+            ctx.play_end = start + frame_s
+            ctx.audio_s += frame_s
+            end = ctx.audio_s
+        due: list[tuple[str, float]] = []
+        while ctx.words and ctx.words[0][1] < end:
+            word, at = ctx.words.popleft()
+            due.append((word, at + ctx.lag_s))
+        if due:
+            await self.add_word_timestamps(due, ctx.context_id)
+
+    async def _on_message(self, msg: dict[str, Any]) -> None:
+        mtype = msg["type"]
+        ctx_id = msg.get("context_id") or ""
+        ctx = self._contexts.get(ctx_id)
+        if mtype == MsgType.STARTED:
+            if ctx is None:
+                return
+            ctx.stream = int(msg["stream"])
+            ctx.sample_rate = int(msg["sample_rate"])
+            self._by_stream[ctx.stream] = ctx
+            if msg.get("encoding") != P.PCM_S16LE:  # a server bug: we never ask for anything else
+                ctx.cancelled = True
+                await self.push_error(error_msg=f"{self}: server sent {msg.get('encoding')!r}, not pcm_s16le")
+        elif mtype == MsgType.WORDS:
+            if ctx is not None and not ctx.cancelled:
+                ctx.words.extend((w["word"], float(w["start"])) for w in msg.get("words", []))
+        elif mtype == MsgType.DONE:
+            if ctx is None:
+                return
+            self._forget(ctx)
+            if not ctx.cancelled and self.audio_context_available(ctx_id):
+                await self._time_words(ctx, None)
+                await self.append_to_audio_context(ctx_id, TTSStoppedFrame(context_id=ctx_id))
+                await self.remove_audio_context(ctx_id)
+        elif mtype == MsgType.CANCELLED:
+            fut = self._acks.pop(ctx_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            if ctx is not None:
+                self._forget(ctx)
+        elif mtype == MsgType.ERROR:
+            await self._on_error(msg, ctx)
+        elif mtype in (MsgType.PONG, MsgType.READY):
+            pass
+        else:
+            logger.warning(f"{self} unknown server message type {mtype!r}: {str(msg)[:200]}")
+
+    async def _on_error(self, msg: dict[str, Any], ctx: _Context | None) -> None:
+        text = f"streamvox {msg.get('code', 'error')}: {msg.get('message', '')}"
+        if "retry_after_ms" in msg:
+            text += f" (retry after {msg['retry_after_ms']} ms)"
+        if ctx is None:
+            await self.push_error(error_msg=text)
+            return
+        ended = msg.get("context_ended", True)
+        if not ctx.cancelled:
+            await self.push_error(error_msg=f"{text} [context {ctx.context_id}]")
+        if ended:
+            self._forget(ctx)
+            if not ctx.cancelled and self.audio_context_available(ctx.context_id):
+                await self.cancel_ttfb_metrics()
+                await self.append_to_audio_context(ctx.context_id, TTSStoppedFrame(context_id=ctx.context_id))
+                await self.remove_audio_context(ctx.context_id)

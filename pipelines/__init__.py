@@ -1,0 +1,1 @@
+"""Assembled voice agents built from ``tts_service`` and ``agent`` (Pipecat pipeline, LiveKit worker)."""

