@@ -122,6 +122,7 @@ class TTSContext:
     dropped_after_cancel: int = 0
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     _started: asyncio.Future | None = None
+    _report_start_errors: bool = False  # open(wait=False): start errors go to the iterator
     _ack: asyncio.Future | None = None
 
     async def send_text(self, text: str) -> None:
@@ -207,6 +208,8 @@ class TTSClient:
         self._connect_lock = asyncio.Lock()
         self._closed = False
         self._background: set[asyncio.Task] = set()
+        self._disconnected = asyncio.Event()
+        self._lost_reason = ""
 
     # ------------------------------------------------------------ connection
     @property
@@ -230,6 +233,8 @@ class TTSClient:
             delay = self.backoff_s
             last: Exception | None = None
             for attempt in range(self.connect_attempts):
+                if self._closed:  # close() ran during a background reconnect
+                    raise TTSConnectionError("client is closed")
                 try:
                     await self._connect_once()
                     if self.connections > 1:
@@ -267,10 +272,19 @@ class TTSClient:
         if info.get("type") != MsgType.READY or info.get("protocol") != P.PROTOCOL_VERSION:
             await ws.close()
             raise aiohttp.ClientError(f"server speaks an unexpected protocol: {info}")
+        if self._closed:
+            await ws.close()
+            raise TTSConnectionError("client is closed")
         self.server_info = info
         self._ws = ws
+        self._disconnected.clear()
         self.connections += 1
         self._reader = asyncio.create_task(self._read(ws), name="streamvox-client-reader")
+
+    async def wait_disconnected(self) -> str:
+        """Wait until the current connection is lost (or closed); return the reason."""
+        await self._disconnected.wait()
+        return self._lost_reason
 
     async def close(self) -> None:
         self._closed = True
@@ -291,9 +305,13 @@ class TTSClient:
 
     def _fail_all(self, exc: TTSConnectionError) -> None:
         """A lost connection is every waiter's problem: tell each of them."""
+        self._lost_reason = exc.message
+        self._disconnected.set()
         for ctx in list(self._contexts.values()):
             if ctx._started is not None and not ctx._started.done():
                 ctx._started.set_exception(exc)
+                if ctx._report_start_errors:
+                    ctx._started.exception()
             if not ctx.done and not ctx.cancelled:
                 ctx._queue.put_nowait(exc)
         for futs in self._acks.values():
@@ -327,8 +345,15 @@ class TTSClient:
         pace: bool | None = None,
         text: str | None = None,
         context_id: str | None = None,
+        wait: bool = True,
     ) -> TTSContext:
-        """Start a context and wait for the server's ``started`` (or its error)."""
+        """Start a context; by default wait for the server's ``started`` (or its error).
+
+        ``wait=False`` returns as soon as ``start`` is sent, saving a round trip before the next
+        ``send_text``: a refusal (``overloaded``, ``unknown_voice``) then surfaces when the
+        context is iterated. ``sample_rate`` and ``stream`` are known once ``started`` arrived,
+        which is always before the first frame.
+        """
         if not self.connected:
             await self.connect()
         ctx_id = context_id or f"c{next(self._ids)}-{uuid.uuid4().hex[:8]}"
@@ -336,16 +361,35 @@ class TTSClient:
             raise TTSError(P.ErrorCode.BAD_REQUEST, f"context {ctx_id!r} is already open on this client")
         ctx = TTSContext(self, ctx_id)
         ctx._started = asyncio.get_running_loop().create_future()
+        ctx._report_start_errors = not wait
         self._contexts[ctx_id] = ctx
+        sent = False
         try:
             await self._send(
                 P.start(ctx_id, voice=voice, sample_rate=sample_rate, encoding=encoding, pace=pace, text=text)
             )
-            await asyncio.wait_for(ctx._started, self.open_timeout)
+            sent = True
+            if wait:
+                await asyncio.wait_for(ctx._started, self.open_timeout)
         except BaseException:
             self._contexts.pop(ctx_id, None)
+            if sent and self.connected:
+                # Cancelled (or timed out) after the server got 'start': do not leave the context
+                # running there, holding one of the connection's context slots.
+                self._background_send(P.cancel(ctx_id))
             raise
         return ctx
+
+    def _background_send(self, data: str) -> None:
+        async def send() -> None:
+            try:
+                await self._send(data)
+            except TTSConnectionError:
+                pass
+
+        task = asyncio.ensure_future(send())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _gate(self, ctx: TTSContext) -> None:
         """From now on nothing of this context is yielded; late frames are counted and dropped."""
@@ -480,11 +524,12 @@ class TTSClient:
             log.warning("server error: %s", exc)
             return
         ended = msg.get("context_ended", True)
-        if ctx._started is not None and not ctx._started.done():
-            if ended:
-                ctx._started.set_exception(exc)
+        if ctx._started is not None and not ctx._started.done() and ended:
+            ctx._started.set_exception(exc)
+            if not ctx._report_start_errors:
                 self._forget(ctx)
                 return
+            ctx._started.exception()  # nobody awaits it: mark it retrieved
         if not ctx.cancelled:
             ctx._queue.put_nowait(exc)
         if ended:
