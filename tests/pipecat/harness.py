@@ -6,11 +6,13 @@ Imported as ``tests.pipecat.harness`` by the suite and by ``tests/pipecat/bargei
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -222,3 +224,65 @@ async def room_server(config) -> AsyncIterator[tuple[str, list]]:
             await agent.worker.cancel()
         server.should_exit = True
         await asyncio.wait_for(task, 15)
+
+
+# ---------------------------------------------------------------- a Twilio media-stream caller
+
+TWILIO_CHUNK = 160  # 20 ms of 8 kHz mu-law, what Twilio sends
+MULAW_SILENCE = b"\xff" * TWILIO_CHUNK
+
+
+class TwilioCaller:
+    """Speaks Twilio's media-stream protocol to the agent's ``/ws``: 20 ms mu-law packets in real
+    time (silence between utterances, as a phone line does) and a log of everything received."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.stream_sid = f"MZ{uuid.uuid4().hex}"
+        self.events: list[tuple[float, dict]] = []
+        self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
+        self.speech_end = 0.0
+
+    async def hello(self) -> None:
+        start = {
+            "streamSid": self.stream_sid,
+            "accountSid": "AC0",
+            "callSid": f"CA{uuid.uuid4().hex}",
+            "tracks": ["inbound"],
+            "customParameters": {},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        }
+        await self.ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+        await self.ws.send(
+            json.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": self.stream_sid})
+        )
+
+    async def send_audio(self) -> None:
+        next_at, seq, pending = time.monotonic(), 2, b""
+        while True:
+            if not pending and not self.outgoing.empty():
+                pending = self.outgoing.get_nowait()
+            chunk, pending = (pending[:TWILIO_CHUNK], pending[TWILIO_CHUNK:]) if pending else (MULAW_SILENCE, b"")
+            if chunk is not MULAW_SILENCE and not pending:
+                self.speech_end = time.monotonic()
+            media = {
+                "track": "inbound",
+                "chunk": str(seq),
+                "timestamp": str(seq * 20),
+                "payload": base64.b64encode(chunk.ljust(TWILIO_CHUNK, b"\xff")).decode(),
+            }
+            await self.ws.send(
+                json.dumps({"event": "media", "sequenceNumber": str(seq), "media": media, "streamSid": self.stream_sid})
+            )
+            seq += 1
+            next_at += 0.02
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def receive(self) -> None:
+        async for raw in self.ws:
+            self.events.append((time.monotonic(), json.loads(raw)))
+
+    def media_after(self, t0: float) -> bytes:
+        return b"".join(
+            base64.b64decode(ev["media"]["payload"]) for t, ev in self.events if ev["event"] == "media" and t >= t0
+        )
