@@ -41,6 +41,15 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-streams", type=int, default=None, help="hard cap on concurrent streams")
     p.add_argument("--max-contexts", type=int, default=16, help="live contexts per connection")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--engine",
+        choices=["piper", "orpheus"],
+        default=os.environ.get("STREAMVOX_ENGINE", "piper"),
+        help="piper: ONNX voices (default); orpheus: Llama + SNAC in torch (GPU), needs streamvox[orpheus]",
+    )
+    from .orpheus.serve import add_model_args  # torch-free: only the options
+
+    add_model_args(p)
 
 
 def _say_args(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +64,9 @@ def _say_args(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamvox", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="streamvox", description="streamvox: a truly streaming TTS server, its client, bench and simulations"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_args(sub)
     _say_args(sub)
@@ -117,17 +128,29 @@ def serve(args: argparse.Namespace) -> int:
     from .server import Server, ServerConfig
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = load_engine(args.voice_path, device=args.device, threads=args.threads)
+    if args.engine == "orpheus":
+        from .orpheus.serve import OrpheusSetupError, build_synthesizer
+
+        try:
+            synth = build_synthesizer(args)
+        except OrpheusSetupError as exc:
+            raise CliError(str(exc)) from None
+    else:
+        engine = load_engine(args.voice_path, device=args.device, threads=args.threads)
+        options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams)
+        synth = Synthesizer(engine, options=options)
+    engine = synth.engine
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key or None, limits=P.Limits(max_contexts=args.max_contexts)
     )
-    options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams)
-    server = Server(Synthesizer(engine, options=options), config)
+    server = Server(synth, config)
     url = f"ws://{args.host}:{args.port}{P.WS_PATH}"
     print(
         f"streamvox serving {sorted(engine.voices)} at {url} (HTTP: http://{args.host}:{args.port}{P.HTTP_TTS_PATH})",
         flush=True,
     )
+    if getattr(engine, "random_weights", None):
+        print(f"WARNING: --random-weights {engine.random_weights}: the audio of every stream is noise", flush=True)
     try:
         web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
     except OSError as exc:

@@ -360,8 +360,10 @@ class OrpheusEngine:
         return dict(self.step_times)
 
     def _warm_codec(self) -> None:
-        frames = np.zeros((1, 1 + self.codec.left + self.codec.right + 8, FRAME), dtype=np.int64)
-        self.codec.decode_codes(frames)
+        """Every window length the chunk schedule makes: first calls per shape pick kernels."""
+        longest = self.codec.left + max(self.codec.chunks) + self.codec.right
+        for length in range(1, longest + 1):
+            self.codec.decode_codes(np.zeros((1, length, FRAME), dtype=np.int64))
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -42,8 +42,15 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     try:
-        return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-                "fp32": torch.float32, "float32": torch.float32, "float64": torch.float64}[name]
+        return {
+            "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16,
+            "fp16": torch.float16,
+            "float16": torch.float16,
+            "fp32": torch.float32,
+            "float32": torch.float32,
+            "float64": torch.float64,
+        }[name]
     except KeyError:
         raise CheckpointError(f"unknown dtype {name!r}; use bf16, fp16 or fp32") from None
 
@@ -85,8 +92,9 @@ def _hf_to_ours(cfg: LlamaConfig, get) -> dict[str, torch.Tensor]:
         a, m = hf + "self_attn.", hf + "mlp."
         out[us + "attention_norm.weight"] = get(hf + "input_layernorm.weight")
         out[us + "ffn_norm.weight"] = get(hf + "post_attention_layernorm.weight")
-        out[us + "attention.wqkv.weight"] = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"),
-                                                       get(a + "v_proj.weight")])
+        out[us + "attention.wqkv.weight"] = torch.cat(
+            [get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]
+        )
         out[us + "attention.wo.weight"] = get(a + "o_proj.weight")
         out[us + "feed_forward.w13.weight"] = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")])
         out[us + "feed_forward.w2.weight"] = get(m + "down_proj.weight")
@@ -103,14 +111,19 @@ def _ours_to_hf(model: Transformer) -> dict[str, torch.Tensor]:
         hf, us = f"model.layers.{i}.", f"layers.{i}."
         wq, wk, wv = sd[us + "attention.wqkv.weight"].split([q, kv, kv])
         gate, up = sd[us + "feed_forward.w13.weight"].split([inter, inter])
-        out.update({
-            hf + "input_layernorm.weight": sd[us + "attention_norm.weight"],
-            hf + "post_attention_layernorm.weight": sd[us + "ffn_norm.weight"],
-            hf + "self_attn.q_proj.weight": wq, hf + "self_attn.k_proj.weight": wk,
-            hf + "self_attn.v_proj.weight": wv, hf + "self_attn.o_proj.weight": sd[us + "attention.wo.weight"],
-            hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up,
-            hf + "mlp.down_proj.weight": sd[us + "feed_forward.w2.weight"],
-        })
+        out.update(
+            {
+                hf + "input_layernorm.weight": sd[us + "attention_norm.weight"],
+                hf + "post_attention_layernorm.weight": sd[us + "ffn_norm.weight"],
+                hf + "self_attn.q_proj.weight": wq,
+                hf + "self_attn.k_proj.weight": wk,
+                hf + "self_attn.v_proj.weight": wv,
+                hf + "self_attn.o_proj.weight": sd[us + "attention.wo.weight"],
+                hf + "mlp.gate_proj.weight": gate,
+                hf + "mlp.up_proj.weight": up,
+                hf + "mlp.down_proj.weight": sd[us + "feed_forward.w2.weight"],
+            }
+        )
     return {k: v.contiguous() for k, v in out.items()}
 
 

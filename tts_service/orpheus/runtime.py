@@ -24,7 +24,7 @@ from ..protocol import ErrorCode
 from ..runtime import Sink
 from ..scheduler import Output
 from .engine import OrpheusEngine
-from .scheduler import OrpheusOptions, OrpheusScheduler, TickPlan, TickResult
+from .scheduler import OrpheusOptions, OrpheusScheduler, SlotEvent, TickPlan, TickResult
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.01  # paced streams become eligible as their listener's playhead moves
@@ -132,8 +132,6 @@ class OrpheusSynthesizer:
 
     def _failed(self, plan: TickPlan, exc: BaseException) -> TickResult:
         """Every stream of a failed tick gets an error (the engine state of its slot is suspect)."""
-        from .scheduler import SlotEvent
-
         slots = {c.slot for c in plan.claims} | {p.slot for p in plan.prefills} | set(plan.decode)
         return TickResult({s: SlotEvent(sid=plan.owners[s], error=f"synthesis failed: {exc}") for s in slots})
 

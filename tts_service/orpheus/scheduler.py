@@ -348,8 +348,12 @@ class OrpheusScheduler:
                     seg.ids = tuple(self.tokenize(seg.text, s.voice))
                     seg.prefilled = 0
                 if self.max_prompt is not None and len(seg.ids) > self.max_prompt:
-                    self.fail(s.sid, ErrorCode.TEXT_TOO_LONG, f"a segment of {len(seg.ids)} prompt tokens exceeds "
-                              f"{self.max_prompt}; cut the text into shorter sentences")
+                    self.fail(
+                        s.sid,
+                        ErrorCode.TEXT_TOO_LONG,
+                        f"a segment of {len(seg.ids)} prompt tokens exceeds "
+                        f"{self.max_prompt}; cut the text into shorter sentences",
+                    )
                     continue
                 self._owner[slot] = s.sid
                 s.slot, s.decoding = slot, False

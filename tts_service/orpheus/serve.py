@@ -24,21 +24,45 @@ class OrpheusSetupError(Exception):
 def add_model_args(p: argparse.ArgumentParser, *, voice: bool = True) -> None:
     """Options shared by ``serve --engine orpheus`` and ``bench engine``."""
     g = p.add_argument_group("Orpheus engine (--engine orpheus)")
-    g.add_argument("--model-path", default=os.environ.get("STREAMVOX_ORPHEUS_PATH"), metavar="DIR",
-                   help="local HF checkpoint folder: config.json, *.safetensors, tokenizer.json")
-    g.add_argument("--snac-path", default=os.environ.get("STREAMVOX_SNAC_PATH"), metavar="DIR",
-                   help="local SNAC 24 kHz folder: config.json + pytorch_model.bin")
-    g.add_argument("--random-weights", choices=sorted(PRESETS), default=None,
-                   help="untrained model of this size instead of checkpoints: for tests and timings; AUDIO IS NOISE")
+    g.add_argument(
+        "--model-path",
+        default=os.environ.get("STREAMVOX_ORPHEUS_PATH"),
+        metavar="DIR",
+        help="local HF checkpoint folder: config.json, *.safetensors, tokenizer.json",
+    )
+    g.add_argument(
+        "--snac-path",
+        default=os.environ.get("STREAMVOX_SNAC_PATH"),
+        metavar="DIR",
+        help="local SNAC 24 kHz folder: config.json + pytorch_model.bin",
+    )
+    g.add_argument(
+        "--random-weights",
+        choices=sorted(PRESETS),
+        default=None,
+        help="untrained model of this size instead of checkpoints: for tests and timings; AUDIO IS NOISE",
+    )
     if voice:
         g.add_argument("--voice", default=None, help=f"default Orpheus voice ({', '.join(VOICES)})")
-    g.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
-                   help="model dtype (default: bf16 on cuda, fp32 on cpu)")
-    g.add_argument("--max-slots", type=int, default=None,
-                   help="concurrent generations (KV cache rows); default 64 on cuda, 4 on cpu")
+    g.add_argument(
+        "--dtype",
+        choices=["bf16", "fp16", "fp32"],
+        default=None,
+        help="model dtype (default: bf16 on cuda, fp32 on cpu)",
+    )
+    g.add_argument(
+        "--max-slots",
+        type=int,
+        default=None,
+        help="concurrent generations (KV cache rows); default 64 on cuda, 4 on cpu",
+    )
     g.add_argument("--max-len", type=int, default=2048, help="prompt + audio tokens per segment (KV cache length)")
-    g.add_argument("--codec-right", type=int, default=2,
-                   help="SNAC frames of right context per window: latency (85 ms each) vs seam error (see codec.py)")
+    g.add_argument(
+        "--codec-right",
+        type=int,
+        default=2,
+        help="SNAC frames of right context per window: latency (85 ms each) vs seam error (see codec.py)",
+    )
     g.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly on cuda (debugging)")
 
 
@@ -76,8 +100,9 @@ def build_engine(
             random_tokenizer,
         )
     except ImportError as exc:
-        raise OrpheusSetupError(f"the Orpheus engine needs torch and snac ({exc}): pip install 'streamvox[orpheus]'") \
-            from None
+        raise OrpheusSetupError(
+            f"the Orpheus engine needs torch and snac ({exc}): pip install 'streamvox[orpheus]'"
+        ) from None
     if device == "cuda" and not torch.cuda.is_available():
         raise OrpheusSetupError("--device cuda, but this torch has no CUDA device; use --device cpu or a CUDA build")
     if not random_weights and not (model_path and snac_path):
@@ -92,9 +117,7 @@ def build_engine(
     t0 = time.perf_counter()
     try:
         if random_weights:
-            banner = RANDOM_WEIGHTS_WARNING.format(which=random_weights)
-            log.warning(banner)
-            progress(banner)
+            progress(RANDOM_WEIGHTS_WARNING.format(which=random_weights))
             model = random_llama(random_weights, device=device, dtype=dtype, seed=seed)
             tokenizer = random_tokenizer()
             snac = random_snac(random_weights, device=device, seed=seed)
@@ -109,18 +132,26 @@ def build_engine(
     options = EngineOptions(max_slots=max_slots, max_len=max_len, cuda_graphs=cuda_graphs, codec_right=codec_right)
     if max_new_tokens:
         options.max_new_tokens = max_new_tokens
-    codec = WindowedCodec(snac, device=device, left=options.codec_left, right=options.codec_right,
-                          chunks=options.codec_chunks)
+    codec = WindowedCodec(
+        snac, device=device, left=options.codec_left, right=options.codec_right, chunks=options.codec_chunks
+    )
     engine = OrpheusEngine(
-        model, codec, tokenizer, default_voice=voice, options=options,
-        model_path=str(model_path or ""), random_weights=random_weights,
+        model,
+        codec,
+        tokenizer,
+        default_voice=voice,
+        options=options,
+        model_path=str(model_path or ""),
+        random_weights=random_weights,
     )
     if warm_up:
         t0 = time.perf_counter()
         times = engine.warm_up(progress=progress)
         slowest = max(times.values()) * 1000
-        progress(f"warmed up {len(times)} batch sizes in {time.perf_counter() - t0:.1f} s "
-                 f"(decode step {min(times.values()) * 1000:.1f}-{slowest:.1f} ms)")
+        progress(
+            f"warmed up {len(times)} batch sizes in {time.perf_counter() - t0:.1f} s "
+            f"(decode step {min(times.values()) * 1000:.1f}-{slowest:.1f} ms)"
+        )
     return engine
 
 
