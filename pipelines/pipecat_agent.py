@@ -134,7 +134,7 @@ def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMServ
     llm = OpenAILLMService(
         base_url=config.llm_base_url,
         api_key=config.llm_api_key,
-        settings=OpenAILLMService.Settings(model=config.llm_model),
+        settings=OpenAILLMService.Settings(model=config.llm_model, system_instruction=config.system_prompt),
     )
     tts = StreamvoxTTSService(url=config.tts_url)
     return stt, llm, tts
@@ -211,7 +211,7 @@ class Agent:
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
-    context = LLMContext([{"role": "system", "content": config.system_prompt}])
+    context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     pair = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer()))
     pipeline = Pipeline([transport.input(), stt, pair.user(), llm, tts, transport.output(), pair.assistant()])
     figures = LiveFigures(tts=tts)
