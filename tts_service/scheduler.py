@@ -60,6 +60,9 @@ class SchedulerOptions:
     context_frames: int = 28  # the engine's context per window side; set from the engine by the runtime
     capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
+    first_cut_s: float = 0.4  # text without a boundary for this long is cut at a word (see _starving)
+    starve_lead_s: float = 0.15
+    early_cut_words: int = 3  # ... if it holds at least this many words
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
     idle_s: float = 5.0  # a stream with no text or audio for this long stops counting as load
     busy_window_s: float = 2.0  # utilisation is measured over this window
@@ -105,6 +108,7 @@ class _Stream:
     playhead_at: float | None = None  # wall time of the last playhead update
     seq: int = 0
     first_text_at: float | None = None
+    last_text_at: float = 0.0
     first_audio_at: float | None = None
     last_activity: float = 0.0
     done_sent: bool = False
@@ -259,7 +263,7 @@ class Scheduler:
             raise ValueError("context already ended; start a new context for more text")
         if s.first_text_at is None and text.strip():
             s.first_text_at = now
-        s.last_activity = now
+        s.last_activity = s.last_text_at = now
         for seg in s.segmenter.push(text):
             s.segments.append(_Segment(seg))
 
@@ -320,6 +324,8 @@ class Scheduler:
             s = self._streams[sid]
             if s.status.finished or s.in_flight:
                 continue
+            if not s.segments and s.status is Status.ACTIVE and self._starving(s, now):
+                s.segments.extend(_Segment(t) for t in s.segmenter.cut_words(self.opt.early_cut_words))
             seg = next((g for g in s.segments if g.prepared is None or g.remaining > 0), None)
             if seg is None:
                 continue
@@ -352,6 +358,18 @@ class Scheduler:
         self.batch_sizes.append(len(windows))
         del self.batch_sizes[:-1000]
         return Batch(preps, windows)
+
+    def _starving(self, s: _Stream, now: float) -> bool:
+        """Would waiting for punctuation leave the listener in silence?
+
+        Before the first audio: text has waited ``first_cut_s`` (a slow LLM). Later: the audio
+        already sent is about to run out and no text arrived for a while.
+        """
+        if s.first_text_at is None or not s.segmenter.pending.strip():
+            return False
+        if s.produced_s == 0.0:
+            return now - s.first_text_at >= self.opt.first_cut_s
+        return s.lead(now) < self.opt.starve_lead_s and now - s.last_text_at >= self.opt.first_cut_s / 2
 
     def _window_size(self, s: _Stream, lead: float) -> int:
         """Small windows while the listener is waiting (first audio, or after a stall), then grow."""

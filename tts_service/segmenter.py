@@ -63,6 +63,21 @@ class Segmenter:
         self._take(seg, out)
         return out
 
+    def cut_words(self, min_words: int) -> list[str]:
+        """Cut at the last word boundary, keeping a possibly unfinished last word buffered.
+
+        The scheduler calls this when waiting for punctuation would leave the listener in
+        silence (a slow LLM): a cut mid-clause costs some prosody, silence costs more.
+        """
+        space = self._buf.rstrip().rfind(" ") if not self._buf[-1:].isspace() else len(self._buf)
+        head = self._buf[:space] if space > 0 else ""
+        if len(head.split()) < min_words:
+            return []
+        self._buf = self._buf[space:].lstrip()
+        out: list[str] = []
+        self._take(head, out)
+        return out
+
     def _take(self, seg: str, out: list[str]) -> None:
         seg = " ".join(seg.split())
         if seg:

@@ -390,3 +390,44 @@ def test_measured_cost_is_learnt_from_batches() -> None:
         sched.update(batch, result, 0.0)
         sched.release(0.0)
     assert before < sched.cost_per_audio_s <= 0.5
+
+
+# ---------------------------------------------------------------- slow text (an LLM that dawdles)
+
+
+def test_text_without_punctuation_is_cut_at_a_word_after_first_cut_s() -> None:
+    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3))
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "I think that the best way to go abo", 0.0)
+    assert sched.schedule(0.2) is None  # still waiting for a boundary
+    batch = sched.schedule(0.45)
+    assert batch is not None and [j.segment.text for j in batch.preps] == ["I think that the best way to go"]
+    sched.update(batch, compute(batch), 0.45)
+    # The unfinished word stays buffered and joins the rest of its sentence.
+    sched.push_text(1, "ut it is slowly.", 0.5)
+    sched.end(1, 0.5)
+    outs = [o for o in run_until_idle(sched, 0.5) + sched.release(0.5)]
+    words = [w for o in of(outs, 1, "words") for w, _, _ in o.words or []]
+    assert words == "I think that the best way to go about it is slowly.".split()
+    assert of(outs, 1, "done")
+
+
+def test_too_few_words_wait_for_more_text() -> None:
+    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, "Well then", 0.0)
+    assert sched.schedule(5.0) is None
+
+
+def test_a_stream_about_to_run_dry_cuts_early_too() -> None:
+    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3, starve_lead_s=0.15))
+    sched.add(1, voice="v", pace=False, now=0.0)
+    sched.push_text(1, "One short sentence. And then a slow continuation that", 0.0)
+    outs = run_until_idle(sched, 0.0)
+    played = sum(len(o.samples) for o in of(outs, 1, "audio")) / SR
+    assert played > 0
+    # Plenty of audio left to play: no early cut yet.
+    assert sched.schedule(0.3) is None
+    # The listener has nearly caught up with what was sent and no text came for a while.
+    batch = sched.schedule(played - 0.05)
+    assert batch is not None and batch.preps[0].segment.text == "And then a slow continuation"
