@@ -68,6 +68,8 @@ def test_any_split_equals_offline(text: str, cuts: list[int], data: st.DataObjec
     options = SegmenterOptions(
         first_clause_min_chars=data.draw(st.integers(1, 30)),
         max_chars=data.draw(st.integers(8, 80)),
+        first_max_chars=data.draw(st.integers(8, 80)),
+        first_clause_floor_chars=data.draw(st.integers(1, 20)),
         min_chars=data.draw(st.integers(1, 4)),
     )
     bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
@@ -128,8 +130,25 @@ def test_short_first_clause_is_not_cut() -> None:
 
 def test_number_commas_are_not_clause_boundaries() -> None:
     text = "The invoice was dated on May 5, 2024 and paid late. Ok."
-    assert offline(text)[0] == "The invoice was dated on May 5, 2024 and paid late."
-    assert streamed(list(text)) == offline(text)
+    long_first = SegmenterOptions(first_max_chars=280)
+    assert offline(text, long_first)[0] == "The invoice was dated on May 5, 2024 and paid late."
+    assert streamed(list(text), long_first) == offline(text, long_first)
+    # Capped first segment: the cut still never falls on the number's comma.
+    assert not offline(text)[0].endswith("5,")
+
+
+def test_a_long_first_clause_is_capped_without_stranding_a_function_word() -> None:
+    # TTFB: the first segment's front part runs before any audio, so it is kept short.
+    assert offline("I found three flights to Denver tomorrow morning, and the earliest one leaves at seven.")[0] == (
+        "I found three flights to Denver"
+    )
+    assert offline("Sure, I can move your appointment to Thursday at three in the afternoon.")[0] == (
+        "Sure, I can move your appointment"
+    )
+    # a short clause inside the cap is preferred over a word cut
+    assert offline("Hello there, my friend, how are you doing today?")[0] == "Hello there, my friend,"
+    # later segments are not capped
+    assert offline("Okay. " + "This second sentence is much longer than forty characters in all.")[1].endswith("all.")
 
 
 def test_max_chars_cuts_at_a_word_boundary() -> None:
