@@ -26,6 +26,12 @@ _LOAD_DEFAULT_LEVELS = "1,2,4,8,16"
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="measure a streaming TTS server (and a batch baseline) with numbers")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
+    try:  # the Orpheus engine bench (its import does not pull in torch)
+        from ..orpheus.bench import add_engine_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_engine_bench_parser(bsub)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -111,7 +117,7 @@ def _run(coro_fn: Callable, status, what: str):
 def conformance_cmd(args: argparse.Namespace) -> int:
     from . import conformance as C
     from . import report
-    from .servers import BASELINE, STREAMING, machine
+    from .servers import BASELINE, STREAMING, load_average, machine
 
     out, err = report.console(), report.console(stderr=True)
     opts = C.ConformanceOptions(
@@ -144,12 +150,16 @@ def conformance_cmd(args: argparse.Namespace) -> int:
             results[name] = tests
             err.print(f"  {name}: " + ", ".join(f"{t['name']} {'PASS' if t['passed'] else 'FAIL'}" for t in tests))
         descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    info["load_avg_1m_at_end"] = load_average()
     tests, base = results[STREAMING], results.get(BASELINE)
     out.print(report.conformance_table(tests, base))
     out.print(report.criteria(tests))
     if base is not None:
         out.print(f"[dim]baseline: {descriptions[BASELINE][1]}[/]")
-    out.print(f"[dim]{time.perf_counter() - t0:.0f} s on {info['cores']} cores ({info['cpu_model']})[/]")
+    out.print(
+        f"[dim]{time.perf_counter() - t0:.0f} s on {info['cores']} cores ({info['cpu_model']}), "
+        f"load average {info['load_avg_1m_at_start']} at start, {info['load_avg_1m_at_end']} at the end[/]"
+    )
     if args.json:
         doc = report.document(
             "conformance",
@@ -183,7 +193,7 @@ def conformance_cmd(args: argparse.Namespace) -> int:
 def load_cmd(args: argparse.Namespace) -> int:
     from . import load as L
     from . import report
-    from .servers import BASELINE, STREAMING, machine
+    from .servers import BASELINE, STREAMING, load_average, machine
 
     out, err = report.console(), report.console(stderr=True)
     opts = L.LoadOptions(levels=_levels(args.streams), seconds=args.seconds, prebuffer_s=args.prebuffer_ms / 1000)
@@ -216,6 +226,7 @@ def load_cmd(args: argparse.Namespace) -> int:
 
             results[name] = _run(go, status, f"load against {target.ws_url}")
         descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    info["load_avg_1m_at_end"] = load_average()
     main, base = results[STREAMING], results.get(BASELINE)
     out.print(report.load_table("load: streamvox", main["levels"], main["max_healthy_streams"]))
     if base is not None:
@@ -225,7 +236,8 @@ def load_cmd(args: argparse.Namespace) -> int:
     out.print(
         f"[dim]healthy = TTFB p95 <= {L.TTFB_HEALTHY_MS:.0f} ms, no underrun after the first frame "
         f"({args.prebuffer_ms:.0f} ms jitter buffer), no refusal; server CPU in % of one core; "
-        f"{time.perf_counter() - t0:.0f} s on {info['cores']} cores ({info['cpu_model']})[/]"
+        f"{time.perf_counter() - t0:.0f} s on {info['cores']} cores ({info['cpu_model']}), "
+        f"load average {info['load_avg_1m_at_start']} at start, {info['load_avg_1m_at_end']} at the end[/]"
     )
     if args.json:
         opt = dataclasses.asdict(opts)

@@ -327,9 +327,13 @@ def transcribe(model, pcm: bytes, sample_rate: int) -> str:
     return " ".join(s.text.strip() for s in segments)
 
 
-def words_found(transcript: str, wanted: tuple[str, ...]) -> float:
+def words_found(transcript: str, wanted: tuple[str | tuple[str, ...], ...]) -> float:
+    """Fraction of ``wanted`` words heard; a tuple entry is one word with alternative spellings."""
     heard = set(re.sub(r"[^a-z0-9' ]+", " ", transcript.lower()).split())
-    return sum(1 for w in wanted if w in heard) / len(wanted) if wanted else 1.0
+    if not wanted:
+        return 1.0
+    found = sum(1 for w in wanted if any(alt in heard for alt in ((w,) if isinstance(w, str) else w)))
+    return found / len(wanted)
 
 
 # ------------------------------------------------------------------ 5

@@ -1,10 +1,12 @@
 """Concurrency sweep: N simulated agents, each on its own persistent connection, talking in turns.
 
-Per level, agents start staggered over ``stagger_s`` and then speak turns back to back (a short
-pause between turns, as when the caller answers briefly) until ``seconds`` have passed; a turn
-started before that runs to its end. Each turn's frames feed a simulated real-time player
-(:mod:`tts_service.bench.player`). An ``overloaded`` refusal is counted; the agent waits the
-server's ``retry_after_ms`` and goes on with its next turn. Server CPU comes from
+Per level, agents start staggered over ``stagger_s`` and then speak turns back to back until
+``seconds`` have passed: the next turn starts once the simulated player has played the last one
+and a short pause (the caller's brief answer) has passed, so that an agent talks at the pace of
+speech whatever the server's delivery; a turn started before the deadline runs to its end.
+Each turn's frames feed a simulated real-time player (:mod:`tts_service.bench.player`). An
+``overloaded`` refusal is counted; the agent waits the server's ``retry_after_ms`` and goes on
+with its next turn. Server CPU comes from
 ``process_cpu_seconds_total`` on the server's ``/metrics``, read before and after each level.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from . import texts
-from .player import Arrival, simulate
+from .player import Arrival, PlayerResult, simulate
 from .servers import cpu_seconds, http_base
 from .stats import gaps, percentile, rnd
 from .wire import Conn, Ctx, WireError
@@ -96,8 +98,13 @@ async def _agent(
             if ctx.error is not None or not ctx.frames:
                 stats.error(ctx.error.get("code", "unknown") if ctx.error else "no_audio")
                 continue
-            _record(stats, ctx, opts)
-            await asyncio.sleep(rng.uniform(*opts.pause_s))
+            played = _record(stats, ctx, opts)
+            if time.perf_counter() >= deadline:
+                break
+            # The next turn comes after the caller has heard this one and answered briefly. A
+            # batch server's burst must not let its agents talk faster than real time.
+            until_heard = (played.ended_at or 0.0) - time.perf_counter()
+            await asyncio.sleep(max(0.0, until_heard) + rng.uniform(*opts.pause_s))
     except WireError:
         stats.error("connection")
     finally:
@@ -105,7 +112,7 @@ async def _agent(
     return stats
 
 
-def _record(stats: AgentStats, ctx: Ctx, opts: LoadOptions) -> None:
+def _record(stats: AgentStats, ctx: Ctx, opts: LoadOptions) -> PlayerResult:
     stats.turns += 1
     stats.ttfb_s.append(ctx.ttfb_s or 0.0)
     stats.gaps_s.extend(gaps([f.t for f in ctx.frames]))
@@ -113,6 +120,7 @@ def _record(stats: AgentStats, ctx: Ctx, opts: LoadOptions) -> None:
     stats.audio_s += played.audio_s
     stats.underruns += played.underruns
     stats.underrun_s += played.underrun_s
+    return played
 
 
 def summarize_level(streams: int, agents: Sequence[AgentStats], wall_s: float, cpu_s: float | None) -> dict:

@@ -45,6 +45,7 @@ def conformance_plots(results: dict[str, list[dict]], out_dir: str | Path) -> li
     ax.set_xlabel("utterance length (s of audio)")
     ax.set_ylabel("TTFB (ms)")
     ax.set_yscale("log")
+    _plain_log_axis(ax.yaxis)
     ax.set_title("Time to first audio vs utterance length")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -79,13 +80,21 @@ def conformance_plots(results: dict[str, list[dict]], out_dir: str | Path) -> li
     return paths
 
 
+def _plain_log_axis(axis, base: int = 10) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0) if base == 10 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def load_plots(results: dict[str, list[dict]], out_dir: str | Path, ttfb_limit_ms: float = 250.0) -> list[Path]:
     """``results``: server kind -> its list of level dicts."""
     plt = _plt()
     out = Path(out_dir)
     paths = []
     kinds = list(results)
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.4), sharex=True, sharey=True, squeeze=False)
     cmap = plt.get_cmap("viridis")
     for ax, kind in zip(axes[0], kinds):
         levels = results[kind]
@@ -96,44 +105,39 @@ def load_plots(results: dict[str, list[dict]], out_dir: str | Path, ttfb_limit_m
             ax.step(xs, ys, where="post", color=cmap(i / max(1, len(levels) - 1)), label=f"{lv['streams']} streams")
         ax.axvline(ttfb_limit_ms, color="grey", ls="--", lw=1)
         ax.set_xscale("log")
+        _plain_log_axis(ax.xaxis)
         ax.set_xlabel("TTFB (ms)")
         ax.set_title(LABELS[kind], fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    axes[0][0].set_ylabel("fraction of turns")
-    fig.suptitle("TTFB CDF per concurrency level", fontsize=10)
+    axes[0][0].set_ylabel("fraction of served turns")
+    fig.suptitle(f"TTFB CDF per concurrency level (dashed: {ttfb_limit_ms:.0f} ms)", fontsize=10)
     paths.append(_save(fig, out / "ttfb_cdf.png"))
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.4))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(11, 3.4))
     for kind in kinds:
         levels = results[kind]
         xs = [lv["streams"] for lv in levels]
         a1.plot(xs, [lv["underrun_ms"] for lv in levels], "o-", color=COLORS[kind], label=LABELS[kind])
-        refused = [lv for lv in levels if lv["refused"]]
-        if refused:
-            a1.plot(
-                [lv["streams"] for lv in refused],
-                [lv["underrun_ms"] for lv in refused],
-                "s",
-                mfc="none",
-                ms=10,
-                color=COLORS[kind],
-                label=f"{LABELS[kind]}: some turns refused",
-            )
         a2.plot(xs, [lv["ttfb_ms_p95"] for lv in levels], "o-", color=COLORS[kind], label=LABELS[kind])
-    a1.set_xscale("log", base=2)
-    a1.set_xlabel("concurrent streams")
-    a1.set_ylabel("underrun per stream (ms)")
-    a1.set_title("Underruns vs concurrency", fontsize=10)
-    a1.grid(True, alpha=0.3)
-    a1.legend(fontsize=7)
+        refused = [100 * lv["refused"] / max(1, lv["refused"] + lv["turns"]) for lv in levels]
+        a3.plot(xs, refused, "o-", color=COLORS[kind], label=LABELS[kind])
+    for ax, title, ylabel in (
+        (a1, "Underruns vs concurrency", "underrun per stream (ms)"),
+        (a2, "TTFB p95 vs concurrency", "TTFB p95 (ms)"),
+        (a3, "Refused ('overloaded') turns", "% of turn attempts"),
+    ):
+        ax.set_xscale("log", base=2)
+        _plain_log_axis(ax.xaxis, base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    worst = max((lv["underrun_ms"] or 0.0 for levels in results.values() for lv in levels), default=0.0)
+    a1.set_ylim(0, max(10.0, worst * 1.15))  # zero underruns should read as a flat line at 0, not noise
     a2.axhline(ttfb_limit_ms, color="grey", ls="--", lw=1)
-    a2.set_xscale("log", base=2)
     a2.set_yscale("log")
-    a2.set_xlabel("concurrent streams")
-    a2.set_ylabel("TTFB p95 (ms)")
-    a2.set_title("TTFB p95 vs concurrency", fontsize=10)
-    a2.grid(True, which="both", alpha=0.3)
-    a2.legend(fontsize=7)
+    _plain_log_axis(a2.yaxis)
     paths.append(_save(fig, out / "underruns.png"))
     return paths

@@ -314,4 +314,9 @@ def markdown_load(doc: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    return markdown_conformance(doc) if doc.get("bench") == "conformance" else markdown_load(doc)
+    m = doc.get("machine", {})
+    head = (
+        f"_{doc.get('bench')} run of {doc.get('date')}: {m.get('cores')} cores ({m.get('cpu_model')}), "
+        f"load average {m.get('load_avg_1m_at_start')} at start, {m.get('load_avg_1m_at_end')} at the end._\n\n"
+    )
+    return head + (markdown_conformance(doc) if doc.get("bench") == "conformance" else markdown_load(doc))

@@ -156,8 +156,12 @@ def machine() -> dict[str, object]:
                     break
     except OSError:
         pass
+    return {"cores": os.cpu_count(), "cpu_model": model, "load_avg_1m_at_start": load_average()}
+
+
+def load_average() -> float | None:
+    """The 1-minute load average: other work on the machine shows in every latency figure."""
     try:
-        load = os.getloadavg()[0]
+        return round(os.getloadavg()[0], 2)
     except OSError:
-        load = None
-    return {"cores": os.cpu_count(), "cpu_model": model, "load_avg_1m_at_start": load}
+        return None

@@ -14,7 +14,8 @@ SWEEP = (
 
 # Mid-stream input update: the second piece arrives 200 ms after the first.
 SPLIT = ("Sure, I can move your appointment", " to Thursday at three in the afternoon.")
-SPLIT_CHECK_WORDS = ("thursday", "three", "afternoon")  # words only the second piece holds
+# Words only the second piece holds; a tuple lists spellings Whisper may choose ("3" for "three").
+SPLIT_CHECK_WORDS: tuple[str | tuple[str, ...], ...] = ("thursday", ("three", "3"), "afternoon")
 
 # Load: what a voice agent says in a turn (1-6 s each), cycled with a per-agent offset.
 TURNS = (
