@@ -53,6 +53,11 @@ class Overloaded(Exception):
 @dataclass(slots=True)
 class SchedulerOptions:
     lead_s: float = 0.4  # how far ahead of the listener's playhead audio is sent (paced streams)
+    # How far ahead audio is computed (and held until due). More than lead_s, so a stream's next
+    # window is computed while it still has lead_s of audio queued at the client: with several
+    # streams waiting for the worker, computing only below lead_s let the client's lead fall to
+    # 40-140 ms. Held audio is dropped on cancel.
+    compute_lead_s: float = 1.0
     windows: tuple[int, ...] = (6, 12, 24, 48, 64)  # latent frames per window, growing
     frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
     max_jobs: int = 8  # per tick; bounds a tick's duration, hence cancel and TTFB latency
@@ -65,7 +70,8 @@ class SchedulerOptions:
     early_cut_words: int = 3  # ... if it holds at least this many words
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
     idle_s: float = 5.0  # a stream with no text or audio for this long stops counting as load
-    busy_window_s: float = 2.0  # utilisation is measured over this window
+    busy_window_s: float = 2.0  # utilisation (reported in /readyz and metrics) is measured over this window
+    talk_idle_s: float = 1.0  # a stream with nothing to do for this long stops counting as talking
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
 
 
@@ -205,29 +211,35 @@ class Scheduler:
     def refusal(self, now: float) -> Overloaded | None:
         """Why a new stream would be refused now, or ``None`` (also what ``/readyz`` reports).
 
-        The measure is the worker's recent utilisation - it already reflects batching gains and
-        the real mix of window sizes - plus the expected cost of streams admitted so recently
-        that they do not show in it yet.
+        Each stream that is talking needs ``cost_per_audio_s`` of the worker per second to stay
+        real time (a moving average measured on real batches: it includes front parts, small
+        first windows, batching gains and a busy machine). One more is admitted while the sum,
+        newcomer included, fits ``capacity``. (Measuring the worker's recent utilisation instead
+        counted streams that had just started twice, and refused at half the real capacity.)
         """
         load = self.load(now)
         if self.opt.max_streams is not None and load >= self.opt.max_streams:
             return Overloaded(1000, f"server at its limit of {self.opt.max_streams} streams")
-        # Streams that started talking too recently to show in the utilisation; a context opened
-        # without text yet costs nothing and is not counted.
-        recent = sum(
-            1
-            for s in self._streams.values()
-            if not s.status.finished and s.first_text_at is not None and now - s.first_text_at < self.opt.busy_window_s
-        )
-        predicted = self.utilisation(now) + (recent + 1) * self.cost_per_audio_s
+        talking = self.talking(now)
         # An idle server always takes one stream: a slow (or busy) machine serving one stream
         # late is better than serving none.
-        if predicted > self.opt.capacity and load > 0:
+        if talking and (talking + 1) * self.cost_per_audio_s > self.opt.capacity:
             # Streams free capacity as they finish; a turn lasts seconds, so ask for a short wait.
             return Overloaded(
-                1000, f"{load} streams already use {predicted - self.cost_per_audio_s:.0%} of the synthesis capacity"
+                1000,
+                f"{talking} talking streams already need {talking * self.cost_per_audio_s:.0%} of the synthesis worker",
             )
         return None
+
+    def talking(self, now: float) -> int:
+        """Streams with speech to produce or deliver now (an open context waiting for text is not)."""
+        return sum(
+            1
+            for s in self._streams.values()
+            if not s.status.finished
+            and s.first_text_at is not None
+            and (s.segments or s.held or s.in_flight or now - s.last_activity < self.opt.talk_idle_s)
+        )
 
     def utilisation(self, now: float) -> float:
         """Fraction of the last ``busy_window_s`` the worker spent computing."""
@@ -330,7 +342,7 @@ class Scheduler:
             if seg is None:
                 continue
             lead = s.lead(now)
-            if s.pace and s.first_audio_at is not None and lead >= self.opt.lead_s:
+            if s.pace and s.first_audio_at is not None and lead >= max(self.opt.compute_lead_s, self.opt.lead_s):
                 continue
             if len(s.held) * self.opt.frame_samples > self.opt.max_held_s * self.sample_rate:
                 continue  # unpaced stream whose consumer is not keeping up: wait for it

@@ -192,7 +192,7 @@ def test_windows_grow_after_the_first() -> None:
 
 
 def test_paced_stream_stops_at_its_lead_and_resumes_with_the_clock() -> None:
-    opt = SchedulerOptions(lead_s=0.4)
+    opt = SchedulerOptions(lead_s=0.4, compute_lead_s=0.4)
     sched = new(opt)
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)  # ~18 s of audio
@@ -328,30 +328,37 @@ def test_engine_failure_ends_the_stream_with_an_error() -> None:
 # ---------------------------------------------------------------- admission
 
 
-def test_admission_by_measured_utilisation() -> None:
-    sched = new(SchedulerOptions(capacity=0.85, busy_window_s=2.0))
+def test_admission_by_measured_cost_of_talking_streams() -> None:
+    sched = new(SchedulerOptions(capacity=0.85, talk_idle_s=1.0))
     sched.cost_per_audio_s = 0.3  # each real-time stream takes 30 % of the worker
     assert sched.capacity_streams() == 2
+    sched.admit(0.0)  # an idle server always admits, whatever the cost
     for sid in (1, 2):
         sched.admit(0.0)
         sched.add(sid, voice="v", pace=True, now=0.0)
         sched.push_text(sid, "Hello there. ", now=0.0)
-    # two streams too new to show in the measured utilisation, plus the newcomer: 90 % > 85 %
+    # two talking streams plus the newcomer: 90 % > 85 %
     with pytest.raises(Overloaded) as info:
         sched.admit(0.0)
-    assert info.value.retry_after_ms > 0 and info.value.reason
+    assert info.value.retry_after_ms > 0 and "2 talking streams" in info.value.reason
     assert sched.refusal(0.0) is not None
     sched.cancel(1)  # a finished stream frees its share at once
     sched.admit(0.0)
-    # later the worker's measured utilisation is what counts: an idle worker has room ...
-    sched.admit(3.0)
-    # ... a busy one (1.8 s of compute in the last 2 s) has not ...
-    sched.update(Batch([], []), BatchResult([], [], seconds=1.8), 3.0)
-    assert sched.utilisation(3.0) == pytest.approx(0.9)
+    # A stream with nothing left to say (all audio sent, waiting for more text) stops counting.
+    run_until_idle(sched, 0.0)
+    sched.release(30.0)
+    sched.admit(30.0)
+    assert sched.talking(30.0) == 0
+
+
+def test_a_slow_machine_still_serves_one_stream() -> None:
+    sched = new(SchedulerOptions(capacity=0.85))
+    sched.cost_per_audio_s = 2.0  # the machine cannot even keep one stream real time
+    sched.admit(0.0)
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, "Hello there. ", now=0.0)
     with pytest.raises(Overloaded):
-        sched.admit(3.0)
-    # ... until that work falls out of the window
-    sched.admit(5.5)
+        sched.admit(0.0)
 
 
 def test_contexts_without_text_do_not_count_against_admission() -> None:
