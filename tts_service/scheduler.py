@@ -3,7 +3,7 @@
 It never touches sockets, asyncio or model code. The runtime drives it through a few verbs:
 
 * ``add`` / ``push_text`` / ``flush`` / ``end`` / ``cancel`` - from the transports;
-* ``schedule(now) -> Batch`` - what the worker should compute next (first-audio work first,
+* ``schedule(now) -> Batch`` - what the worker should compute next (start-up work first,
   then the streams closest to running dry);
 * ``update(batch, result, now)`` - fold the worker's outputs in; outputs of streams that
   finished while the batch ran are discarded here, by stream id;
@@ -61,7 +61,8 @@ class SchedulerOptions:
     windows: tuple[int, ...] = (6, 12, 24, 48, 64)  # latent frames per window, growing
     frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
     max_jobs: int = 8  # per tick; bounds a tick's duration, hence cancel and TTFB latency
-    max_tick_frames: int = 320  # latent frames (with context) per tick, first-audio work exempt
+    max_tick_frames: int = 200  # latent frames (with context) per tick, start-up work exempt
+    startup_s: float = 0.3  # a stream with less audio than this computed is starting up
     context_frames: int = 28  # the engine's context per window side; set from the engine by the runtime
     capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
@@ -346,8 +347,10 @@ class Scheduler:
                 continue
             if len(s.held) * self.opt.frame_samples > self.opt.max_held_s * self.sample_rate:
                 continue  # unpaced stream whose consumer is not keeping up: wait for it
-            first = s.produced_s == 0.0
-            candidates.append(((0 if first else 1, lead), s, seg))
+            # Start-up work (the first few windows of a stream, while the listener's buffer is
+            # thinnest) goes first and is exempt from the tick budget; then earliest deadline.
+            starting = s.produced_s < self.opt.startup_s
+            candidates.append(((0 if starting else 1, lead), s, seg))
         if not candidates:
             return None
         candidates.sort(key=lambda c: c[0])
