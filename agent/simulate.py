@@ -26,13 +26,11 @@ import json
 import logging
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +40,7 @@ import numpy as np
 
 from tts_service import protocol as P
 from tts_service.client import TTSClient, TTSConnectionError, TTSOverloaded
+from tts_service.localproc import StartError, free_port, wait_ready
 
 from .bargein import BargeIn, BargeInIgnored, BargeInMetrics, BargeInOptions, BargeInRecord
 from .jitter import AdaptiveJitterBuffer
@@ -514,31 +513,18 @@ class LocalServer:
         self.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn_server(timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tts_service", "--port", str(port), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode}; run `streamvox serve` to see why")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc, f"ws://127.0.0.1:{port}{P.WS_PATH}"
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise RuntimeError(f"the server did not become ready within {timeout:.0f} s")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, timeout, what="the TTS server (run `streamvox serve` to see why)")
+    except StartError as exc:
+        proc.terminate()
+        raise RuntimeError(str(exc)) from None
+    return proc, f"ws://127.0.0.1:{port}{P.WS_PATH}"
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -37,11 +37,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -65,6 +63,7 @@ from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
+from tts_service.localproc import StartError, free_port, wait_ready
 
 SYSTEM_PROMPT = (
     "You are a friendly voice assistant on a phone or video call. Your replies are spoken aloud: "
@@ -285,30 +284,14 @@ async def bot(runner_args) -> None:
 # ---------------------------------------------------------------- launcher
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"pipecat_agent: the {what} exited with status {proc.returncode}; see its output above")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:  # loopback only
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"pipecat_agent: the {what} did not become ready at {url} within {timeout_s:.0f} s")
-
-
-def _start(args: list[str], url: str, what: str, timeout_s: float) -> subprocess.Popen:
+def _start(args: list[str], base: str, path: str, what: str, timeout_s: float) -> subprocess.Popen:
     print(f"starting the {what}: {' '.join(args)}", flush=True)
     proc = subprocess.Popen([sys.executable, *args])
-    _wait_http(url, proc, what, timeout_s)
+    try:
+        wait_ready(base, proc, timeout_s, path=path, what=f"the {what}")
+    except StartError as exc:
+        proc.terminate()
+        raise SystemExit(f"pipecat_agent: {exc}; see its output above") from None
     return proc
 
 
@@ -321,21 +304,24 @@ def main(argv: list[str] | None = None) -> None:
     children: list[subprocess.Popen] = []
     try:
         if not os.environ.get("TTS_URL"):
-            port = _free_port()
+            port = free_port()
             children.append(
                 _start(
                     ["-m", "tts_service", "--port", str(port), "--log-level", "WARNING"],
-                    f"http://127.0.0.1:{port}/readyz",
+                    f"http://127.0.0.1:{port}",
+                    "/readyz",
                     "TTS server",
                     60,
                 )
             )
             os.environ["TTS_URL"] = f"ws://127.0.0.1:{port}/v1/stream"
         if not os.environ.get("LLM_BASE_URL"):
-            port = _free_port()
+            port = free_port()
             # First start: de-quantising the bundled GGUF takes up to ~75 s on 2 cores (cached after).
-            ready = f"http://127.0.0.1:{port}/v1/models"
-            children.append(_start(["-m", "pipelines.local_llm", "--port", str(port)], ready, "local LLM", 300))
+            base = f"http://127.0.0.1:{port}"
+            children.append(
+                _start(["-m", "pipelines.local_llm", "--port", str(port)], base, "/v1/models", "local LLM", 300)
+            )
             os.environ["LLM_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
         print(
             f"\n  Open http://{args.host}:{args.port}/client/ in a browser, allow the microphone, press Connect\n"

@@ -10,42 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from .cli import speak_to_wav
 from .client import TTSClient
+from .localproc import StartError, free_port, wait_ready
 
 PARAGRAPH = (
     "Welcome to streamvox. This voice is generated while you listen: the first sound leaves the server "
     "after a few tens of milliseconds, whatever the length of the text. A voice agent built on it can stop "
     "mid-word when the caller talks over it, and carry on with the next turn on the same connection."
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with status {proc.returncode}; see its output above")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the server did not become ready within {timeout:.0f} s")
 
 
 async def _run(url: str, out_dir: Path) -> None:
@@ -64,14 +42,17 @@ async def _run(url: str, out_dir: Path) -> None:
 
 
 def main() -> int:
-    port = _free_port()
+    port = free_port()
     base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/stream"
     out_dir = Path(os.environ.get("STREAMVOX_DEMO_OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"starting streamvox on {url} ...", flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "tts_service", "--port", str(port), "--log-level", "WARNING"])
     try:
-        _wait_ready(base, proc)
+        try:
+            wait_ready(base, proc, 120.0)
+        except StartError as exc:
+            raise SystemExit(f"streamvox demo: {exc}; see the server's output above") from None
         asyncio.run(_run(url, out_dir))
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
             lines = [ln for ln in resp.read().decode().splitlines() if ln.startswith("streamvox_real_time_factor")]

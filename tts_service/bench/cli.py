@@ -83,7 +83,8 @@ def _levels(spec: str) -> tuple[int, ...]:
 @contextlib.contextmanager
 def _targets(args: argparse.Namespace, console):
     """Yield ``{"streaming": Target, "baseline": Target?}``, spawning what has no URL."""
-    from .servers import BASELINE, DESCRIPTIONS, STREAMING, ServerStartError, Target, spawned
+    from ..localproc import StartError as ServerStartError
+    from .servers import BASELINE, DESCRIPTIONS, STREAMING, Target, spawned
 
     given: dict = {}
     if args.url:

@@ -5,17 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import protocol as P
+from ..localproc import free_port, wait_ready
 
 STREAMING = "streaming"
 BASELINE = "baseline"
@@ -44,42 +43,6 @@ def http_base(ws_url: str) -> str:
     parts = urlsplit(ws_url)
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
     return urlunsplit((scheme, parts.netloc, "", "", ""))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerStartError(Exception):
-    pass
-
-
-def wait_ready(base: str, proc: subprocess.Popen | None = None, timeout: float = 180.0, log: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise ServerStartError(f"the server exited with status {proc.returncode}{_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise ServerStartError(f"{base} did not become ready within {timeout:.0f} s{_tail(log)}")
-
-
-def _tail(path: str) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()[-15:]
-    except OSError:
-        return ""
-    return "; its last output:\n  " + "\n  ".join(lines) if lines else ""
 
 
 def server_command(name: str, port: int) -> list[str]:
