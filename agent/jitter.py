@@ -6,10 +6,12 @@ deep delays the first word and everything after it. The right depth depends on t
 is learned:
 
 * **starts thin** (``initial_ms``, e.g. 40 ms) so the first frame of a reply plays fast;
-* **grows by** ``grow_step_ms`` on every underrun, up to ``max_ms``, and re-primes (waits until
+* **grows by** ``grow_step_ms`` on every underrun - or by the length of the stall, when audio
+  came back later than that - up to ``max_ms``, and re-primes (waits until
   the new target is buffered) before playing again, so one bad moment is not followed by a
   stutter of tiny gaps;
-* **shrinks slowly**, by ``shrink_step_ms`` after ``shrink_after_s`` of played audio with a
+* **shrinks slowly**, by ``shrink_step_ms`` (or a third of the margin a whole period left
+  unused, when that is more) after ``shrink_after_s`` of played audio with a
   sustained surplus, down to ``min_ms``. Surplus is judged on the *cushion*: the depth the buffer
   would have now had it been primed at the current target (``depth - primed + target``). The raw
   depth would mislead: it keeps whatever level playback started at, so on a clean link it stays
@@ -127,6 +129,8 @@ class AdaptiveJitterBuffer:
         self._surplus_s = 0.0  # audio played with a surplus cushion, uninterrupted
         self._underruns = 0
         self._near_misses = 0
+        self._dry_at: float | None = None  # when the buffer ran dry, until the next push
+        self._min_cushion: int | None = None  # lowest cushion of the current surplus period
         self._hold_s = self.shrink_after_s  # current surplus period needed to shrink
         self._underrun_samples = 0
         self._last_latency_s = 0.0
@@ -144,6 +148,14 @@ class AdaptiveJitterBuffer:
         if samples.size == 0:
             return
         now = self._clock() if now is None else now
+        if self._dry_at is not None:
+            # The first audio after an underrun: the stall lasted this long. One fixed step may
+            # be far less than that (a burst of late frames); grow by the stall itself, so the
+            # same stall is covered next time instead of costing several more underruns.
+            stall_ms = 1000.0 * (now - self._dry_at) - self.grow_step_ms
+            if stall_ms > 0:
+                self._target = min(self._samples(self.max_ms), self._target + self._samples(stall_ms))
+            self._dry_at = None
         self._chunks.append(samples)
         self._pushed_at.append(now)
         self._depth += samples.size
@@ -213,6 +225,7 @@ class AdaptiveJitterBuffer:
             self._underruns += 1
             self._underrun_samples += n_samples - take
             self._grow()
+            self._dry_at = now - (n_samples - take) / self.sample_rate  # when the buffer ran dry
             self._state = JitterState.REBUFFERING
             return out, True
         if self._ended:
@@ -258,18 +271,26 @@ class AdaptiveJitterBuffer:
         if cushion < floor + self._samples(self.shrink_step_ms):
             # one step smaller would have gone below the floor: no surplus
             self._surplus_s = 0.0
+            self._min_cushion = None
             return
         self._surplus_s += played / self.sample_rate
+        self._min_cushion = cushion if self._min_cushion is None else min(self._min_cushion, cushion)
         if self._surplus_s >= self._hold_s:
-            self._target = max(self._samples(self.min_ms), self._target - self._samples(self.shrink_step_ms))
+            # Give back a third of the margin the whole period never touched (at least one step):
+            # a clean link after a bad spell sheds a 300 ms target in a few periods, a link that
+            # still dips close to the floor only by single steps.
+            spare = max(self._samples(self.shrink_step_ms), (self._min_cushion - floor) // 3)
+            self._target = max(self._samples(self.min_ms), self._target - spare)
             self._hold_s = max(self.shrink_after_s, self._hold_s * self._hold_decay)
             self._surplus_s = 0.0
+            self._min_cushion = None
 
     def _grow(self) -> None:
         self._target = min(self._samples(self.max_ms), self._target + self._samples(self.grow_step_ms))
         # a shrink that ends in a grow was premature: wait longer before the next one
         self._hold_s = min(self.shrink_after_s * _MAX_HOLD_FACTOR, self._hold_s * 2)
         self._surplus_s = 0.0
+        self._min_cushion = None
 
     def _end_stream(self) -> None:
         self._state = JitterState.IDLE
