@@ -18,10 +18,10 @@ from typing import Protocol
 
 from .engine import PiperEngine, Prepared, Window
 from .metrics import Metrics
+from .protocol import ErrorCode
 from .scheduler import Batch, BatchResult, Output, Scheduler, SchedulerOptions
 
 log = logging.getLogger(__name__)
-_POLL_S = 0.02  # how often paced streams are re-checked for work while any is live
 
 
 class Sink(Protocol):
@@ -32,36 +32,50 @@ class Sink(Protocol):
     def backed_up(self) -> bool: ...
 
 
-class Synthesizer:
-    """The server's synthesis core: streams in, paced outputs out, through sinks."""
+class SynthesizerBase:
+    """What every engine's driver shares: stream verbs, the sink registry, the compute loop's
+    skeleton, the release loop and delivery. An engine's subclass builds its scheduler and runs
+    one plan in the worker (:meth:`_run`); the scheduler has the same transport verbs for all
+    engines (see :class:`tts_service.scheduler.StreamScheduler`).
+    """
 
-    def __init__(
-        self, engine: PiperEngine, *, options: SchedulerOptions | None = None, metrics: Metrics | None = None
-    ) -> None:
+    poll_s = 0.02  # how often paced streams are re-checked for work while any is live
+    task_prefix = "streamvox"  # asyncio task names
+    thread_prefix = "streamvox-infer"  # the worker thread's name
+    _log = log
+
+    def __init__(self, engine, scheduler, metrics: Metrics | None) -> None:
         self.engine = engine
-        options = options or SchedulerOptions()
-        options = dataclasses.replace(options, context_frames=getattr(engine, "context", options.context_frames))
-        self.scheduler = Scheduler(sample_rate=engine.sample_rate, options=options)
+        self.scheduler = scheduler
         self.metrics = metrics or Metrics()
         self._sinks: dict[int, Sink] = {}
         self._ids = itertools.count(1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamvox-infer")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_prefix)
         self._work = asyncio.Event()
         self._due = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._inflight: tuple[set[int], object] | None = None  # the running batch's streams and abort handle
         self.started_at = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._compute_loop(), name="streamvox-compute"),
-            asyncio.create_task(self._release_loop(), name="streamvox-release"),
+            asyncio.create_task(self._guard(self._compute_loop), name=f"{self.task_prefix}-compute"),
+            asyncio.create_task(self._guard(self._release_loop), name=f"{self.task_prefix}-release"),
         ]
 
+    async def _guard(self, loop_fn) -> None:
+        """Keep a driver loop alive through a bug in one iteration, and say so loudly: a dead
+        compute loop would leave every stream silent with no error."""
+        while True:
+            try:
+                await loop_fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._log.exception("%s crashed; restarting it", loop_fn.__name__)
+                await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
-        if self._inflight is not None:
-            self._inflight[1].terminate = True  # do not make shutdown wait for a long segment
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -100,6 +114,9 @@ class Synthesizer:
         self.metrics.frames_dropped.inc(dropped)
         return dropped
 
+    def _abort_if_orphaned(self) -> None:
+        """Stop the running plan early when no live stream needs it (engines that can override)."""
+
     def _close(self, sid: int, status: str) -> None:
         if self._sinks.pop(sid, None) is not None:
             self.metrics.streams.labels(status).inc()
@@ -112,34 +129,102 @@ class Synthesizer:
 
     # ------------------------------------------------------------ loops
     async def _compute_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            batch = self.scheduler.schedule(time.monotonic())
-            if batch is None:
+            plan = self.scheduler.schedule(time.monotonic())
+            if plan is None:
                 self._work.clear()
-                # Paced streams become eligible again as their playhead advances: poll while any is live.
-                timeout = _POLL_S if self.scheduler.active else None
-                try:
-                    await asyncio.wait_for(self._work.wait(), timeout)
-                except TimeoutError:
-                    pass
+                # Paced streams become eligible again as their playhead advances: poll while needed.
+                await _wait(self._work, self.poll_s if self._poll_when_idle() else None)
                 continue
-            run_options = self.engine.run_options()
-            self._inflight = (batch.sids, run_options)
-            try:
-                result = await loop.run_in_executor(self._executor, self._execute, batch, run_options)
-            except Exception as exc:  # the executor itself failed: fail the batch's streams
-                log.exception("inference worker failed")
-                result = BatchResult([exc] * len(batch.preps), [exc] * len(batch.windows))
-            finally:
-                self._inflight = None
-            self.scheduler.update(batch, result, time.monotonic())
-            self.metrics.batch_size.observe(len(batch.windows))
+            result = await self._run(plan)
+            self.scheduler.update(plan, result, time.monotonic())
+            self.metrics.batch_size.observe(self._batch_size(plan))
             self.metrics.batch_seconds.observe(result.seconds)
             self.metrics.busy_seconds.inc(result.seconds)
             self.metrics.rtf.set(self.scheduler.cost_per_audio_s)
             self.metrics.capacity.set(self.scheduler.capacity_streams())
             self._due.set()
+
+    def _poll_when_idle(self) -> bool:
+        """Whether the compute loop re-checks for work every ``poll_s`` when nothing is scheduled."""
+        return bool(self.scheduler.active)
+
+    async def _run(self, plan):
+        """Run one plan in the worker thread; a failure becomes a result that fails its streams."""
+        raise NotImplementedError
+
+    def _batch_size(self, plan) -> int:
+        raise NotImplementedError
+
+    async def _release_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            blocked = {sid for sid, sink in self._sinks.items() if sink.backed_up()}
+            for out in self.scheduler.release(now, blocked):
+                self._deliver(out)
+            wait = self.scheduler.next_release_in(time.monotonic())
+            self._due.clear()
+            if blocked:
+                wait = self.poll_s if wait is None else min(wait, self.poll_s)
+            await _wait(self._due, wait)
+
+    def _deliver(self, out: Output) -> None:
+        sink = self._sinks.get(out.sid)
+        if sink is None:  # cancelled or closed: the id gate
+            return
+        if out.ttfb_s is not None:
+            self.metrics.ttfb.observe(out.ttfb_s)
+        if out.kind == "audio" and out.samples is not None:
+            self.metrics.audio_seconds.inc(len(out.samples) / self.engine.sample_rate)
+        try:
+            sink.deliver(out)
+        except Exception:
+            self._log.exception("sink of stream %d failed; cancelling it", out.sid)
+            self.cancel(out.sid)
+            return
+        if out.kind in ("done", "error"):
+            if out.kind == "error":
+                self.metrics.errors.labels(out.code or ErrorCode.INTERNAL).inc()
+            self._close(out.sid, out.kind)
+        self._work.set()
+
+
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        pass
+
+
+class Synthesizer(SynthesizerBase):
+    """The server's synthesis core: streams in, paced outputs out, through sinks."""
+
+    def __init__(
+        self, engine: PiperEngine, *, options: SchedulerOptions | None = None, metrics: Metrics | None = None
+    ) -> None:
+        options = options or SchedulerOptions()
+        options = dataclasses.replace(options, context_frames=getattr(engine, "context", options.context_frames))
+        super().__init__(engine, Scheduler(sample_rate=engine.sample_rate, options=options), metrics)
+        self._inflight: tuple[set[int], object] | None = None  # the running batch's streams and abort handle
+
+    async def stop(self) -> None:
+        if self._inflight is not None:
+            self._inflight[1].terminate = True  # do not make shutdown wait for a long segment
+        await super().stop()
+
+    async def _run(self, batch: Batch) -> BatchResult:
+        run_options = self.engine.run_options()
+        self._inflight = (batch.sids, run_options)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._execute, batch, run_options)
+        except Exception as exc:  # the executor itself failed: fail the batch's streams
+            log.exception("inference worker failed")
+            return BatchResult([exc] * len(batch.preps), [exc] * len(batch.windows))
+        finally:
+            self._inflight = None
+
+    def _batch_size(self, batch: Batch) -> int:
+        return len(batch.windows)
 
     def _abort_if_orphaned(self) -> None:
         """Abort the running batch when every stream it computes for has been cancelled.
@@ -187,38 +272,3 @@ class Synthesizer:
                 for i in slots:
                     audio[i] = exc
         return BatchResult(prepared, audio, time.perf_counter() - t0)
-
-    async def _release_loop(self) -> None:
-        while True:
-            now = time.monotonic()
-            blocked = {sid for sid, sink in self._sinks.items() if sink.backed_up()}
-            for out in self.scheduler.release(now, blocked):
-                self._deliver(out)
-            wait = self.scheduler.next_release_in(time.monotonic())
-            self._due.clear()
-            if blocked:
-                wait = _POLL_S if wait is None else min(wait, _POLL_S)
-            try:
-                await asyncio.wait_for(self._due.wait(), wait)
-            except TimeoutError:
-                pass
-
-    def _deliver(self, out: Output) -> None:
-        sink = self._sinks.get(out.sid)
-        if sink is None:  # cancelled or closed: the id gate
-            return
-        if out.ttfb_s is not None:
-            self.metrics.ttfb.observe(out.ttfb_s)
-        if out.kind == "audio" and out.samples is not None:
-            self.metrics.audio_seconds.inc(len(out.samples) / self.engine.sample_rate)
-        try:
-            sink.deliver(out)
-        except Exception:
-            log.exception("sink of stream %d failed; cancelling it", out.sid)
-            self.cancel(out.sid)
-            return
-        if out.kind in ("done", "error"):
-            if out.kind == "error":
-                self.metrics.errors.labels(out.code).inc()
-            self._close(out.sid, out.kind)
-        self._work.set()

@@ -10,8 +10,11 @@ It never touches sockets, asyncio or model code. The runtime drives it through a
 * ``release(now) -> [Output]`` - frames whose time has come, paced to stay ``lead_s`` ahead of
   the listener's playhead, plus ``words``/``done``/``error`` events in order.
 
-Generated audio is held until released, so a cancel drops it without it ever reaching the wire,
-and the sent lead stays bounded whatever the window size used to compute it.
+The engine-independent part (stream lifecycle, held audio, paced release) is
+:class:`StreamScheduler`, which the Orpheus scheduler shares; :class:`Scheduler` adds Piper's
+window planning. Generated audio is held until released, so a cancel drops it without it
+ever reaching the wire, and the sent lead stays bounded whatever the window size used to
+compute it.
 """
 
 from __future__ import annotations
@@ -91,24 +94,26 @@ class _Segment:
 
 
 @dataclass(slots=True, eq=False)
-class _Held:
+class Held:
+    """Computed audio waiting for its time (and the words it starts, if any)."""
+
     start_s: float
     samples: np.ndarray
     words: list[tuple[str, float, float]] | None = None
 
 
 @dataclass(slots=True, eq=False)
-class _Stream:
+class StreamState:
+    """What every engine's scheduler keeps per stream: lifecycle, queued text, held audio, pacing."""
+
     sid: int
     voice: str
     pace: bool
     created: float
     segmenter: Segmenter
     status: Status = Status.ACTIVE
-    segments: deque[_Segment] = field(default_factory=deque)
-    held: deque[_Held] = field(default_factory=deque)
-    in_flight: bool = False
-    window_index: int = 0
+    segments: deque = field(default_factory=deque)  # the engine's segments, oldest first
+    held: deque[Held] = field(default_factory=deque)
     produced_s: float = 0.0  # audio computed
     released_s: float = 0.0  # audio handed to the transport
     playhead_s: float = 0.0  # estimated listener position
@@ -119,9 +124,6 @@ class _Stream:
     first_audio_at: float | None = None
     last_activity: float = 0.0
     done_sent: bool = False
-
-    def lead(self, now: float) -> float:
-        return self.produced_s - self.playhead(now)
 
     def playhead(self, now: float) -> float:
         if self.playhead_at is None:
@@ -134,6 +136,15 @@ class _Stream:
         if self.playhead_at is not None:
             self.playhead_s = self.playhead(now)
         self.playhead_at = now
+
+
+@dataclass(slots=True, eq=False)
+class _Stream(StreamState):
+    in_flight: bool = False
+    window_index: int = 0
+
+    def lead(self, now: float) -> float:
+        return self.produced_s - self.playhead(now)
 
 
 # ---------------------------------------------------------------- batch I/O
@@ -187,28 +198,203 @@ class Output:
     ttfb_s: float | None = None  # set on a stream's first audio output
 
 
-class Scheduler:
-    """Owns every stream's lifecycle between the transports and the engine."""
+class StreamScheduler:
+    """Per-stream bookkeeping every engine's scheduler shares: admission, the transport verbs,
+    finishing (done / cancel / error), held audio and its paced release.
 
-    def __init__(self, *, sample_rate: int, options: SchedulerOptions | None = None) -> None:
+    An engine's subclass plans and folds in its own work (``schedule`` / ``update``), says how
+    admission is refused (``refusal``), turns text into its segments (``_queue``) and says when a
+    stream still has work in the engine (``_computing``). Its options need at least ``lead_s``,
+    ``frame_samples``, ``idle_s`` and ``segmenter``.
+    """
+
+    _stream_type: type[StreamState] = StreamState
+
+    def __init__(self, *, sample_rate: int, options) -> None:
         self.sample_rate = sample_rate
-        self.opt = options or SchedulerOptions()
-        self._streams: dict[int, _Stream] = {}
+        self.opt = options
+        self._streams: dict[int, StreamState] = {}
         self._order: list[int] = []  # admission order, for first-come first-served ties
         self._pending_out: deque[Output] = deque()
-        self.cost_per_audio_s = 0.15  # EMA of compute seconds per audio second; refined live
-        self.busy_s = 0.0
-        self.audio_s_total = 0.0
         self.batch_sizes: list[int] = []
-        self._busy: deque[tuple[float, float]] = deque()  # (finished at, compute seconds) per batch
 
-    # ------------------------------------------------------------ transport verbs
+    # ------------------------------------------------------------ admission
     def admit(self, now: float) -> None:
         """Raise :class:`Overloaded` when one more real-time stream would not keep up."""
         refusal = self.refusal(now)
         if refusal is not None:
             raise refusal
 
+    def refusal(self, now: float) -> Overloaded | None:
+        raise NotImplementedError
+
+    def load(self, now: float) -> int:
+        """Streams that currently cost compute (idle ones waiting for text do not)."""
+        return sum(
+            1
+            for s in self._streams.values()
+            if not s.status.finished and (s.segments or s.held or now - s.last_activity < self.opt.idle_s)
+        )
+
+    # ------------------------------------------------------------ transport verbs
+    def add(self, sid: int, *, voice: str, pace: bool, now: float) -> None:
+        if sid in self._streams:
+            raise ValueError(f"stream {sid} already exists")
+        self._streams[sid] = self._stream_type(
+            sid=sid, voice=voice, pace=pace, created=now, last_activity=now, segmenter=Segmenter(self.opt.segmenter)
+        )
+        self._order.append(sid)
+
+    def push_text(self, sid: int, text: str, now: float) -> None:
+        s = self._live(sid)
+        if s.status is not Status.ACTIVE:
+            raise ValueError("context already ended; start a new context for more text")
+        if s.first_text_at is None and text.strip():
+            s.first_text_at = now
+        s.last_activity = s.last_text_at = now
+        self._queue(s, s.segmenter.push(text))
+
+    def flush(self, sid: int, now: float) -> None:
+        s = self._live(sid)
+        s.last_activity = now
+        self._queue(s, s.segmenter.flush())
+
+    def end(self, sid: int, now: float) -> None:
+        s = self._live(sid)
+        if s.status is Status.ACTIVE:
+            self.flush(sid, now)
+            s.status = Status.ENDED
+            self._maybe_done(s)
+
+    def cancel(self, sid: int) -> int:
+        """Finish a stream now; return how many computed frames were never sent."""
+        s = self._streams.get(sid)
+        if s is None or s.status.finished:
+            return 0
+        dropped = sum(math.ceil(len(h.samples) / self.opt.frame_samples) for h in s.held)
+        self._finish(s, Status.FINISHED_CANCELLED)
+        return dropped
+
+    def fail(self, sid: int, code: str, message: str) -> None:
+        s = self._streams.get(sid)
+        if s is not None and not s.status.finished:
+            self._finish(s, Status.FINISHED_ERROR)
+            self._pending_out.append(Output(sid=sid, kind="error", code=code, message=message))
+
+    def discard(self, sid: int) -> None:
+        """Forget a finished stream (the transport has delivered its last message)."""
+        if self._streams.pop(sid, None) is not None:
+            self._order.remove(sid)
+
+    def status(self, sid: int) -> Status | None:
+        s = self._streams.get(sid)
+        return None if s is None else s.status
+
+    def _queue(self, s: StreamState, texts: list[str]) -> None:
+        """Append the engine's segments for these segmenter outputs."""
+        raise NotImplementedError
+
+    def _live(self, sid: int) -> StreamState:
+        s = self._streams.get(sid)
+        if s is None or s.status.finished:
+            raise KeyError(sid)
+        return s
+
+    def _finish(self, s: StreamState, status: Status) -> None:
+        s.status = status
+        s.segments.clear()
+        s.held.clear()
+
+    # ------------------------------------------------------------ results
+    def _record_batch(self, size: int) -> None:
+        self.batch_sizes.append(size)
+        del self.batch_sizes[:-1000]
+
+    def _hold(self, s: StreamState, audio: np.ndarray, words: list[tuple[str, float, float]] | None = None) -> None:
+        """Cut computed audio into wire frames and hold them; ``words`` go with the first frame."""
+        step = self.opt.frame_samples
+        for i in range(0, len(audio), step):
+            chunk = audio[i : i + step]
+            s.held.append(Held(s.produced_s, chunk, words if i == 0 else None))
+            s.produced_s += len(chunk) / self.sample_rate
+
+    def _computing(self, s: StreamState) -> bool:
+        """Does the engine still hold work of this stream (a batch in flight, a slot)?"""
+        raise NotImplementedError
+
+    def _maybe_done(self, s: StreamState) -> None:
+        if s.status is Status.ENDED and not s.segments and not s.held and not self._computing(s) and not s.done_sent:
+            s.done_sent = True
+            s.status = Status.FINISHED_DONE
+            self._pending_out.append(Output(sid=s.sid, kind="done", frames=s.seq, audio_ms=s.released_s * 1000))
+
+    # ------------------------------------------------------------ delivery
+    def release(self, now: float, blocked: frozenset[int] | set[int] = frozenset()) -> list[Output]:
+        """Frames (and words/done/error events) due now, in per-stream order.
+
+        Paced streams get audio ``lead_s`` ahead of the listener's playhead. ``blocked`` names
+        streams whose transport is backed up (a slow reader of an unpaced stream): their frames
+        stay held, bounded by ``max_held_s``.
+        """
+        out: list[Output] = []
+        for sid in self._order:
+            s = self._streams[sid]
+            while s.held and sid not in blocked:
+                h = s.held[0]
+                if s.pace and s.first_audio_at is not None and h.start_s >= s.playhead(now) + self.opt.lead_s:
+                    break
+                s.held.popleft()
+                if h.words:
+                    out.append(Output(sid=sid, kind="words", words=h.words))
+                o = Output(sid=sid, kind="audio", seq=s.seq, samples=h.samples)
+                if s.first_audio_at is None:
+                    s.first_audio_at = now
+                    o.ttfb_s = now - (s.first_text_at if s.first_text_at is not None else s.created)
+                s.advance_playhead(now)
+                s.released_s = h.start_s + len(h.samples) / self.sample_rate
+                s.seq += 1
+                out.append(o)
+            if not s.held:
+                self._maybe_done(s)
+        while self._pending_out:
+            out.append(self._pending_out.popleft())
+        return out
+
+    def next_release_in(self, now: float) -> float | None:
+        """Seconds until the next held frame is due (None when nothing is held)."""
+        best: float | None = None
+        for s in self._streams.values():
+            if s.held and not s.status.finished:
+                wait = (
+                    0.0
+                    if not s.pace or s.first_audio_at is None
+                    else max(0.0, s.held[0].start_s - s.playhead(now) - self.opt.lead_s)
+                )
+                best = wait if best is None else min(best, wait)
+        return best
+
+    # ------------------------------------------------------------ introspection
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self._streams.values() if not s.status.finished)
+
+    def queue_depth(self) -> int:
+        return sum(len(s.segments) for s in self._streams.values() if not s.status.finished)
+
+
+class Scheduler(StreamScheduler):
+    """Owns every stream's lifecycle between the transports and the engine."""
+
+    _stream_type = _Stream
+
+    def __init__(self, *, sample_rate: int, options: SchedulerOptions | None = None) -> None:
+        super().__init__(sample_rate=sample_rate, options=options or SchedulerOptions())
+        self.cost_per_audio_s = 0.15  # EMA of compute seconds per audio second; refined live
+        self.busy_s = 0.0
+        self.audio_s_total = 0.0
+        self._busy: deque[tuple[float, float]] = deque()  # (finished at, compute seconds) per batch
+
+    # ------------------------------------------------------------ admission
     def refusal(self, now: float) -> Overloaded | None:
         """Why a new stream would be refused now, or ``None`` (also what ``/readyz`` reports).
 
@@ -249,85 +435,16 @@ class Scheduler:
             self._busy.popleft()
         return sum(sec for _, sec in self._busy) / self.opt.busy_window_s
 
-    def load(self, now: float) -> int:
-        """Streams that currently cost compute (idle ones waiting for text do not)."""
-        return sum(
-            1
-            for s in self._streams.values()
-            if not s.status.finished and (s.segments or s.held or now - s.last_activity < self.opt.idle_s)
-        )
-
     def capacity_streams(self) -> int:
         """How many real-time streams the measured cost allows (an estimate for ``/readyz``)."""
         limit = math.floor(self.opt.capacity / max(self.cost_per_audio_s, 1e-6))
         return min(limit, self.opt.max_streams) if self.opt.max_streams is not None else limit
 
-    def add(self, sid: int, *, voice: str, pace: bool, now: float) -> None:
-        if sid in self._streams:
-            raise ValueError(f"stream {sid} already exists")
-        self._streams[sid] = _Stream(
-            sid=sid, voice=voice, pace=pace, created=now, last_activity=now, segmenter=Segmenter(self.opt.segmenter)
-        )
-        self._order.append(sid)
+    def _queue(self, s: _Stream, texts: list[str]) -> None:
+        s.segments.extend(_Segment(t) for t in texts)
 
-    def push_text(self, sid: int, text: str, now: float) -> None:
-        s = self._live(sid)
-        if s.status is not Status.ACTIVE:
-            raise ValueError("context already ended; start a new context for more text")
-        if s.first_text_at is None and text.strip():
-            s.first_text_at = now
-        s.last_activity = s.last_text_at = now
-        for seg in s.segmenter.push(text):
-            s.segments.append(_Segment(seg))
-
-    def flush(self, sid: int, now: float) -> None:
-        s = self._live(sid)
-        s.last_activity = now
-        for seg in s.segmenter.flush():
-            s.segments.append(_Segment(seg))
-
-    def end(self, sid: int, now: float) -> None:
-        s = self._live(sid)
-        if s.status is Status.ACTIVE:
-            self.flush(sid, now)
-            s.status = Status.ENDED
-            self._maybe_done(s)
-
-    def cancel(self, sid: int) -> int:
-        """Finish a stream now; return how many computed frames were never sent."""
-        s = self._streams.get(sid)
-        if s is None or s.status.finished:
-            return 0
-        dropped = sum(math.ceil(len(h.samples) / self.opt.frame_samples) for h in s.held)
-        self._finish(s, Status.FINISHED_CANCELLED)
-        return dropped
-
-    def fail(self, sid: int, code: str, message: str) -> None:
-        s = self._streams.get(sid)
-        if s is not None and not s.status.finished:
-            self._finish(s, Status.FINISHED_ERROR)
-            self._pending_out.append(Output(sid=sid, kind="error", code=code, message=message))
-
-    def discard(self, sid: int) -> None:
-        """Forget a finished stream (the transport has delivered its last message)."""
-        s = self._streams.pop(sid, None)
-        if s is not None:
-            self._order.remove(sid)
-
-    def status(self, sid: int) -> Status | None:
-        s = self._streams.get(sid)
-        return None if s is None else s.status
-
-    def _live(self, sid: int) -> _Stream:
-        s = self._streams.get(sid)
-        if s is None or s.status.finished:
-            raise KeyError(sid)
-        return s
-
-    def _finish(self, s: _Stream, status: Status) -> None:
-        s.status = status
-        s.segments.clear()
-        s.held.clear()
+    def _computing(self, s: _Stream) -> bool:
+        return s.in_flight
 
     # ------------------------------------------------------------ planning
     def schedule(self, now: float) -> Batch | None:
@@ -338,7 +455,7 @@ class Scheduler:
             if s.status.finished or s.in_flight:
                 continue
             if not s.segments and s.status is Status.ACTIVE and self._starving(s, now):
-                s.segments.extend(_Segment(t) for t in s.segmenter.cut_words(self.opt.early_cut_words))
+                self._queue(s, s.segmenter.cut_words(self.opt.early_cut_words))
             seg = next((g for g in s.segments if g.prepared is None or g.remaining > 0), None)
             if seg is None:
                 continue
@@ -370,8 +487,7 @@ class Scheduler:
                 seg.prepping = True
                 preps.append(PrepJob(s.sid, seg, s.voice))
             windows.append(WindowJob(s.sid, seg, seg.cursor, size))
-        self.batch_sizes.append(len(windows))
-        del self.batch_sizes[:-1000]
+        self._record_batch(len(windows))
         return Batch(preps, windows)
 
     def _starving(self, s: _Stream, now: float) -> bool:
@@ -427,7 +543,11 @@ class Scheduler:
             if seg.cursor == 0:
                 seg.offset_s = s.produced_s
             seg.cursor = min(seg.prepared.frames, job.start + job.size)
-            self._hold(s, seg, audio)
+            words = None
+            if seg.words_due and len(audio):
+                seg.words_due = False
+                words = [(w, a + seg.offset_s, b + seg.offset_s) for w, a, b in seg.prepared.words]
+            self._hold(s, audio, words)
             audio_s += len(audio) / self.sample_rate
             s.window_index += 1
             s.last_activity = now
@@ -443,77 +563,8 @@ class Scheduler:
             alpha = min(0.3, audio_s / 5.0)
             self.cost_per_audio_s += alpha * (result.seconds / audio_s - self.cost_per_audio_s)
 
-    def _hold(self, s: _Stream, seg: _Segment, audio: np.ndarray) -> None:
-        step = self.opt.frame_samples
-        for i in range(0, len(audio), step):
-            chunk = audio[i : i + step]
-            words = None
-            if seg.words_due:
-                seg.words_due = False
-                words = [(w, a + seg.offset_s, b + seg.offset_s) for w, a, b in seg.prepared.words]  # type: ignore[union-attr]
-            s.held.append(_Held(s.produced_s, chunk, words))
-            s.produced_s += len(chunk) / self.sample_rate
-
-    def _maybe_done(self, s: _Stream) -> None:
-        if s.status is Status.ENDED and not s.segments and not s.in_flight and not s.held and not s.done_sent:
-            s.done_sent = True
-            s.status = Status.FINISHED_DONE
-            self._pending_out.append(Output(sid=s.sid, kind="done", frames=s.seq, audio_ms=s.released_s * 1000))
-
-    # ------------------------------------------------------------ delivery
-    def release(self, now: float, blocked: frozenset[int] | set[int] = frozenset()) -> list[Output]:
-        """Frames (and words/done/error events) due now, in per-stream order.
-
-        ``blocked`` names streams whose transport is backed up (a slow reader of an unpaced
-        stream): their frames stay held, bounded by ``max_held_s``.
-        """
-        out: list[Output] = []
-        for sid in self._order:
-            s = self._streams[sid]
-            while s.held and sid not in blocked:
-                h = s.held[0]
-                if s.pace and s.first_audio_at is not None and h.start_s >= s.playhead(now) + self.opt.lead_s:
-                    break
-                s.held.popleft()
-                if h.words:
-                    out.append(Output(sid=sid, kind="words", words=h.words))
-                o = Output(sid=sid, kind="audio", seq=s.seq, samples=h.samples)
-                if s.first_audio_at is None:
-                    s.first_audio_at = now
-                    o.ttfb_s = now - (s.first_text_at if s.first_text_at is not None else s.created)
-                s.advance_playhead(now)
-                s.released_s = h.start_s + len(h.samples) / self.sample_rate
-                s.seq += 1
-                out.append(o)
-            if not s.held:
-                self._maybe_done(s)
-        while self._pending_out:
-            out.append(self._pending_out.popleft())
-        return out
-
-    def next_release_in(self, now: float) -> float | None:
-        """Seconds until the next held frame is due (None when nothing is held)."""
-        best: float | None = None
-        for s in self._streams.values():
-            if s.held and not s.status.finished:
-                wait = (
-                    0.0
-                    if not s.pace or s.first_audio_at is None
-                    else max(0.0, s.held[0].start_s - s.playhead(now) - self.opt.lead_s)
-                )
-                best = wait if best is None else min(best, wait)
-        return best
-
     def has_work(self, now: float) -> bool:
         return any(
             not s.status.finished and not s.in_flight and any(g.prepared is None or g.remaining > 0 for g in s.segments)
             for s in self._streams.values()
         )
-
-    # ------------------------------------------------------------ introspection
-    @property
-    def active(self) -> int:
-        return sum(1 for s in self._streams.values() if not s.status.finished)
-
-    def queue_depth(self) -> int:
-        return sum(len(s.segments) for s in self._streams.values() if not s.status.finished)

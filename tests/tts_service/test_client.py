@@ -65,3 +65,27 @@ async def test_wait_disconnected_reports_a_lost_connection(engine) -> None:
     await client.close()
     with pytest.raises(TTSConnectionError, match="closed"):
         await client.connect()
+
+
+async def test_a_bug_in_the_compute_loop_does_not_silence_the_server(engine) -> None:
+    async with running_server(engine, options=SchedulerOptions(capacity=1000.0)) as srv:
+        sched = srv.synth.scheduler
+        real = sched.schedule
+        calls = {"n": 0}
+
+        def flaky(now):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("a bug in one scheduling step")
+            return real(now)
+
+        sched.schedule = flaky
+        async with TTSClient(srv.ws_url) as client:
+            ctx = await client.open(text="Still speaking after a crash.", pace=False)
+            await ctx.end()
+
+            async def audio() -> list[AudioFrame]:
+                return [item async for item in ctx if isinstance(item, AudioFrame)]
+
+            frames = await asyncio.wait_for(audio(), 30)  # a dead compute loop would hang here
+        assert calls["n"] > 1 and frames

@@ -21,17 +21,15 @@ audio", vLLM-v1 style (``schedule() -> engine.tick() -> update()``).
 from __future__ import annotations
 
 import bisect
-import math
 import re
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..protocol import ErrorCode
-from ..scheduler import Output, Overloaded, Status
-from ..segmenter import Segmenter, SegmenterOptions
+from ..scheduler import Overloaded, Status, StreamScheduler, StreamState
+from ..segmenter import SegmenterOptions
 from .config import REALTIME_TOKENS_PER_S, SAMPLE_RATE, SAMPLES_PER_FRAME, Sampling
 
 FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE  # 85.3 ms of audio per 7 tokens
@@ -118,39 +116,12 @@ class _Segment:
     prefilled: int = 0  # prompt tokens written to the slot (all but the last)
 
 
-@dataclass(slots=True)
-class _Held:
-    start_s: float
-    samples: np.ndarray
-
-
 @dataclass(slots=True, eq=False)
-class _Stream:
-    sid: int
-    voice: str
-    pace: bool
-    created: float
-    segmenter: Segmenter
-    status: Status = Status.ACTIVE
-    segments: deque[_Segment] = field(default_factory=deque)
+class _Stream(StreamState):
+    # ``produced_s`` counts decoded audio; pacing counts every generated token (``generated_s``).
     slot: int | None = None
     decoding: bool = False  # its slot's prompt is complete
-    held: deque[_Held] = field(default_factory=deque)
     generated_s: float = 0.0  # audio of all tokens generated (decoded or not): what pacing counts
-    produced_s: float = 0.0  # audio decoded
-    released_s: float = 0.0
-    playhead_s: float = 0.0
-    playhead_at: float | None = None
-    seq: int = 0
-    first_text_at: float | None = None
-    first_audio_at: float | None = None
-    last_activity: float = 0.0
-    done_sent: bool = False
-
-    def playhead(self, now: float) -> float:
-        if self.playhead_at is None:
-            return 0.0
-        return min(self.released_s, self.playhead_s + (now - self.playhead_at))
 
     def lead(self, now: float) -> float:
         return self.generated_s - self.playhead(now)
@@ -188,8 +159,10 @@ class StepTimes:
         return dict(sorted(self._t.items()))
 
 
-class OrpheusScheduler:
+class OrpheusScheduler(StreamScheduler):
     """Owns every stream's lifecycle and the slot table; the engine owns the tensors."""
+
+    _stream_type = _Stream
 
     def __init__(
         self,
@@ -200,26 +173,16 @@ class OrpheusScheduler:
         step_times: dict[int, float] | None = None,
         max_prompt: int | None = None,
     ) -> None:
+        super().__init__(sample_rate=SAMPLE_RATE, options=options or OrpheusOptions())
         self.slots = slots
         self.max_prompt = max_prompt
         self.tokenize = tokenize
-        self.opt = options or OrpheusOptions()
-        self.sample_rate = SAMPLE_RATE
         self.times = StepTimes(step_times)
         self._owner: list[int | None] = [None] * slots
         self._releases: list[int] = []
-        self._streams: dict[int, _Stream] = {}
-        self._order: list[int] = []
-        self._pending_out: deque[Output] = deque()
         self.cost_per_audio_s = 0.1  # EMA of tick seconds per generated audio second (all streams)
-        self.batch_sizes: list[int] = []
 
     # ------------------------------------------------------------ admission
-    def admit(self, now: float) -> None:
-        refusal = self.refusal(now)
-        if refusal is not None:
-            raise refusal
-
     def refusal(self, now: float) -> Overloaded | None:
         load = self.load(now)
         if self.opt.max_streams is not None and load >= self.opt.max_streams:
@@ -236,13 +199,6 @@ class OrpheusScheduler:
     def _needed_steps_per_s(self) -> float:
         return REALTIME_TOKENS_PER_S * self.opt.headroom
 
-    def load(self, now: float) -> int:
-        return sum(
-            1
-            for s in self._streams.values()
-            if not s.status.finished and (s.segments or s.held or now - s.last_activity < self.opt.idle_s)
-        )
-
     def capacity_streams(self) -> int:
         best = 0
         for n in range(1, self.slots + 1):
@@ -252,70 +208,15 @@ class OrpheusScheduler:
             best = n
         return min(best, self.opt.max_streams) if self.opt.max_streams is not None else best
 
-    # ------------------------------------------------------------ transport verbs
-    def add(self, sid: int, *, voice: str, pace: bool, now: float) -> None:
-        if sid in self._streams:
-            raise ValueError(f"stream {sid} already exists")
-        self._streams[sid] = _Stream(sid, voice, pace, now, Segmenter(self.opt.segmenter), last_activity=now)
-        self._order.append(sid)
-
-    def push_text(self, sid: int, text: str, now: float) -> None:
-        s = self._live(sid)
-        if s.status is not Status.ACTIVE:
-            raise ValueError("context already ended; start a new context for more text")
-        if s.first_text_at is None and text.strip():
-            s.first_text_at = now
-        s.last_activity = now
-        self._queue(s, s.segmenter.push(text))
-
-    def flush(self, sid: int, now: float) -> None:
-        s = self._live(sid)
-        s.last_activity = now
-        self._queue(s, s.segmenter.flush())
-
-    def end(self, sid: int, now: float) -> None:
-        s = self._live(sid)
-        if s.status is Status.ACTIVE:
-            self.flush(sid, now)
-            s.status = Status.ENDED
-            self._maybe_done(s)
-
-    def cancel(self, sid: int) -> int:
-        """Finish a stream now; return how many computed frames were never sent."""
-        s = self._streams.get(sid)
-        if s is None or s.status.finished:
-            return 0
-        dropped = sum(math.ceil(len(h.samples) / self.opt.frame_samples) for h in s.held)
-        self._finish(s, Status.FINISHED_CANCELLED)
-        return dropped
-
-    def fail(self, sid: int, code: str, message: str) -> None:
-        s = self._streams.get(sid)
-        if s is not None and not s.status.finished:
-            self._finish(s, Status.FINISHED_ERROR)
-            self._pending_out.append(Output(sid=sid, kind="error", code=code, message=message))
-
-    def discard(self, sid: int) -> None:
-        if self._streams.pop(sid, None) is not None:
-            self._order.remove(sid)
-
-    def status(self, sid: int) -> Status | None:
-        s = self._streams.get(sid)
-        return None if s is None else s.status
-
+    # ------------------------------------------------------------ stream bookkeeping
     def _queue(self, s: _Stream, segments: list[str]) -> None:
         s.segments.extend(_Segment(t) for t in segments if _SPEAKABLE.search(t))
 
-    def _live(self, sid: int) -> _Stream:
-        s = self._streams.get(sid)
-        if s is None or s.status.finished:
-            raise KeyError(sid)
-        return s
+    def _computing(self, s: _Stream) -> bool:
+        return s.slot is not None
 
     def _finish(self, s: _Stream, status: Status) -> None:
-        s.status = status
-        s.segments.clear()
-        s.held.clear()
+        super()._finish(s, status)
         self._free_slot(s)
 
     def _free_slot(self, s: _Stream) -> None:
@@ -376,8 +277,7 @@ class OrpheusScheduler:
             self._releases = releases  # nothing to run; keep them for the next plan
             return None
         owners = {slot: sid for slot, sid in enumerate(self._owner) if sid is not None}
-        self.batch_sizes.append(len(decode))
-        del self.batch_sizes[:-1000]
+        self._record_batch(len(decode))
         return TickPlan(releases, claims, prefills, sorted(decode), owners)
 
     def _wants_step(self, s: _Stream, now: float) -> bool:
@@ -429,66 +329,9 @@ class OrpheusScheduler:
             return None
         return s
 
-    def _hold(self, s: _Stream, audio: np.ndarray) -> None:
-        step = self.opt.frame_samples
-        for i in range(0, len(audio), step):
-            chunk = audio[i : i + step]
-            s.held.append(_Held(s.produced_s, chunk))
-            s.produced_s += len(chunk) / SAMPLE_RATE
-
-    def _maybe_done(self, s: _Stream) -> None:
-        if s.status is Status.ENDED and not s.segments and not s.held and s.slot is None and not s.done_sent:
-            s.done_sent = True
-            s.status = Status.FINISHED_DONE
-            self._pending_out.append(Output(sid=s.sid, kind="done", frames=s.seq, audio_ms=s.released_s * 1000))
-
-    # ------------------------------------------------------------ delivery
-    def release(self, now: float, blocked: frozenset[int] | set[int] = frozenset()) -> list[Output]:
-        """Audio due now (paced streams: ``lead_s`` ahead of the playhead), then done/error events."""
-        out: list[Output] = []
-        for sid in self._order:
-            s = self._streams[sid]
-            while s.held and sid not in blocked:
-                h = s.held[0]
-                if s.pace and s.first_audio_at is not None and h.start_s >= s.playhead(now) + self.opt.lead_s:
-                    break
-                s.held.popleft()
-                o = Output(sid=sid, kind="audio", seq=s.seq, samples=h.samples)
-                if s.first_audio_at is None:
-                    s.first_audio_at = now
-                    o.ttfb_s = now - (s.first_text_at if s.first_text_at is not None else s.created)
-                if s.playhead_at is not None:
-                    s.playhead_s = s.playhead(now)
-                s.playhead_at = now
-                s.released_s = h.start_s + len(h.samples) / SAMPLE_RATE
-                s.seq += 1
-                out.append(o)
-            if not s.held:
-                self._maybe_done(s)
-        while self._pending_out:
-            out.append(self._pending_out.popleft())
-        return out
-
-    def next_release_in(self, now: float) -> float | None:
-        best: float | None = None
-        for s in self._streams.values():
-            if s.held and not s.status.finished:
-                wait = 0.0
-                if s.pace and s.first_audio_at is not None:
-                    wait = max(0.0, s.held[0].start_s - s.playhead(now) - self.opt.lead_s)
-                best = wait if best is None else min(best, wait)
-        return best
-
     def has_work(self) -> bool:
         return any(not s.status.finished and s.segments for s in self._streams.values())
 
     # ------------------------------------------------------------ introspection
-    @property
-    def active(self) -> int:
-        return sum(1 for s in self._streams.values() if not s.status.finished)
-
-    def queue_depth(self) -> int:
-        return sum(len(s.segments) for s in self._streams.values() if not s.status.finished)
-
     def slots_in_use(self) -> int:
         return sum(1 for o in self._owner if o is not None)
