@@ -495,6 +495,29 @@ class _Turn:
         self.owner._spawn(self.owner._settle(self.lease, task, cancel_task, gated_at))
 
 
+async def _begin_turn(
+    stream: SynthesizeStream | ChunkedStream, output_emitter: tts.AudioEmitter, *, stream_mode: bool
+) -> _Turn:
+    """What both stream kinds do first: set up the emitter, lease the shared connection (timed,
+    for LiveKit's acquire_time/connection_reused metrics), and make the turn."""
+    output_emitter.initialize(
+        request_id=utils.shortuuid(),
+        sample_rate=stream._opts.sample_rate,
+        num_channels=1,
+        mime_type="audio/pcm",
+        stream=stream_mode,
+    )
+    t0 = time.perf_counter()
+    try:
+        lease = await stream._owner._acquire(stream._opts, stream._conn_options.timeout)
+    except (TTSError, TimeoutError, OSError) as exc:
+        raise _translate(exc, stream._opts.api_key) from None
+    stream._acquire_time = time.perf_counter() - t0
+    stream._connection_reused = lease.reused
+    stream._owner.stats.streams += 1
+    return _Turn(stream._owner, stream._opts, lease, output_emitter)
+
+
 class SynthesizeStream(tts.SynthesizeStream):
     def __init__(self, *, tts: StreamvoxTTS, conn_options: APIConnectOptions) -> None:
         super().__init__(tts=tts, conn_options=conn_options)
@@ -502,23 +525,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         self._opts = dataclasses.replace(tts._opts)  # options are fixed for the life of a stream
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        output_emitter.initialize(
-            request_id=utils.shortuuid(),
-            sample_rate=self._opts.sample_rate,
-            num_channels=1,
-            mime_type="audio/pcm",
-            stream=True,
-        )
-        t0 = time.perf_counter()
-        try:
-            lease = await self._owner._acquire(self._opts, self._conn_options.timeout)
-        except (TTSError, TimeoutError, OSError) as exc:
-            raise _translate(exc, self._opts.api_key) from None
-        self._acquire_time = time.perf_counter() - t0
-        self._connection_reused = lease.reused
-        self._owner.stats.streams += 1
-
-        turn = _Turn(self._owner, self._opts, lease, output_emitter)
+        turn = await _begin_turn(self, output_emitter, stream_mode=True)
         send = asyncio.create_task(self._send(turn), name="streamvox-send")
         recv = asyncio.create_task(turn.receive(segmented=True), name="streamvox-recv")
         try:
@@ -567,22 +574,7 @@ class ChunkedStream(tts.ChunkedStream):
         self._opts = dataclasses.replace(tts._opts)
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        output_emitter.initialize(
-            request_id=utils.shortuuid(),
-            sample_rate=self._opts.sample_rate,
-            num_channels=1,
-            mime_type="audio/pcm",
-        )
-        t0 = time.perf_counter()
-        try:
-            lease = await self._owner._acquire(self._opts, self._conn_options.timeout)
-        except (TTSError, TimeoutError, OSError) as exc:
-            raise _translate(exc, self._opts.api_key) from None
-        self._acquire_time = time.perf_counter() - t0
-        self._connection_reused = lease.reused
-        self._owner.stats.streams += 1
-
-        turn = _Turn(self._owner, self._opts, lease, output_emitter)
+        turn = await _begin_turn(self, output_emitter, stream_mode=False)
         try:
             if self._input_text.strip():
                 first, *rest = _pieces(self._input_text)
