@@ -115,6 +115,32 @@ def _run(coro_fn: Callable, status, what: str):
         status.update("done")
 
 
+def _measure_each(args: argparse.Namespace, err, label: str, measure: Callable, after: Callable | None = None):
+    """Run ``measure(target, progress)`` against streamvox, then the baseline (when asked), each
+    server spawned or reached as the options say. Returns (results, {name: (url, description)})."""
+    from .servers import BASELINE, STREAMING
+
+    results: dict = {}
+    with _targets(args, err) as targets, err.status(f"{label} ...") as status:
+        for name in (STREAMING, BASELINE):
+            target = targets.get(name)
+            if target is None:
+                continue
+            err.print(f"[bold]{name}[/]: {target.description}\n  at {target.ws_url}")
+
+            def progress(msg: str, _name: str = name) -> None:
+                status.update(f"{label}, {_name}: {msg}")
+
+            async def go(_t=target, _p=progress):
+                return await measure(_t, _p)
+
+            results[name] = _run(go, status, f"{label} against {target.ws_url}")
+            if after is not None:
+                after(name, results[name])
+        descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    return results, descriptions
+
+
 def conformance_cmd(args: argparse.Namespace) -> int:
     from . import conformance as C
     from . import report
@@ -132,25 +158,15 @@ def conformance_cmd(args: argparse.Namespace) -> int:
         err.print("loading Whisper tiny.en for --transcribe ...")
         whisper = C.load_whisper()
     info = machine()
-    results: dict[str, list[dict]] = {}
     t0 = time.perf_counter()
-    with _targets(args, err) as targets, err.status("conformance ...") as status:
-        for name in (STREAMING, BASELINE):
-            target = targets.get(name)
-            if target is None:
-                continue
-            err.print(f"[bold]{name}[/]: {target.description}\n  at {target.ws_url}")
 
-            def progress(msg: str, _name: str = name) -> None:
-                status.update(f"{_name}: {msg}")
+    async def measure(target, progress):
+        return await C.run_conformance(target.ws_url, opts, progress, whisper)
 
-            async def go(_t=target, _p=progress):
-                return await C.run_conformance(_t.ws_url, opts, _p, whisper)
+    def verdicts(name: str, tests: list[dict]) -> None:
+        err.print(f"  {name}: " + ", ".join(f"{t['name']} {'PASS' if t['passed'] else 'FAIL'}" for t in tests))
 
-            tests = _run(go, status, f"conformance against {target.ws_url}")
-            results[name] = tests
-            err.print(f"  {name}: " + ", ".join(f"{t['name']} {'PASS' if t['passed'] else 'FAIL'}" for t in tests))
-        descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    results, descriptions = _measure_each(args, err, "conformance", measure, verdicts)
     info["load_avg_1m_at_end"] = load_average()
     tests, base = results[STREAMING], results.get(BASELINE)
     out.print(report.conformance_table(tests, base))
@@ -199,34 +215,23 @@ def load_cmd(args: argparse.Namespace) -> int:
     out, err = report.console(), report.console(stderr=True)
     opts = L.LoadOptions(levels=_levels(args.streams), seconds=args.seconds, prebuffer_s=args.prebuffer_ms / 1000)
     info = machine()
-    results: dict[str, dict] = {}
     t0 = time.perf_counter()
-    with _targets(args, err) as targets, err.status("load ...") as status:
-        for name in (STREAMING, BASELINE):
-            target = targets.get(name)
-            if target is None:
-                continue
-            err.print(f"[bold]{name}[/]: {target.description}\n  at {target.ws_url}")
 
-            def progress(msg: str, _name: str = name) -> None:
-                status.update(f"load, {_name}: {msg}")
+    async def measure(target, progress):
+        res = {"levels": []}
+        for n in opts.levels:
+            lv = await L.run_level(target.ws_url, n, opts, progress)
+            res["levels"].append(lv)
+            err.print(
+                f"  {n:>3} streams: TTFB p95 {report.fmt(lv['ttfb_ms_p95'], 'ms')}, "
+                f"underruns/stream {lv['underruns']:.2f}, refused {lv['refused']}, "
+                f"CPU {report.fmt(lv['cpu_pct'])} %, {'healthy' if lv['healthy'] else 'not healthy'}"
+            )
+            await asyncio.sleep(opts.settle_s)
+        res["max_healthy_streams"] = L.max_healthy_streams(res["levels"])
+        return res
 
-            async def go(_t=target, _p=progress):
-                res = {"levels": []}
-                for n in opts.levels:
-                    lv = await L.run_level(_t.ws_url, n, opts, _p)
-                    res["levels"].append(lv)
-                    err.print(
-                        f"  {n:>3} streams: TTFB p95 {report.fmt(lv['ttfb_ms_p95'], 'ms')}, "
-                        f"underruns/stream {lv['underruns']:.2f}, refused {lv['refused']}, "
-                        f"CPU {report.fmt(lv['cpu_pct'])} %, {'healthy' if lv['healthy'] else 'not healthy'}"
-                    )
-                    await asyncio.sleep(opts.settle_s)
-                res["max_healthy_streams"] = L.max_healthy_streams(res["levels"])
-                return res
-
-            results[name] = _run(go, status, f"load against {target.ws_url}")
-        descriptions = {n: (t.ws_url, t.description) for n, t in targets.items()}
+    results, descriptions = _measure_each(args, err, "load", measure)
     info["load_avg_1m_at_end"] = load_average()
     main, base = results[STREAMING], results.get(BASELINE)
     out.print(report.load_table("load: streamvox", main["levels"], main["max_healthy_streams"]))
