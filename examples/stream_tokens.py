@@ -44,8 +44,10 @@ async def main() -> None:
         await ctx.end()
         await asyncio.sleep(0.5)
         result = await ctx.cancel()
-        print(f"cancel acked={result.acked} in {1000 * result.latency_s:.1f} ms; "
-              f"{result.frames_dropped_server} frames never sent")
+        print(
+            f"cancel acked={result.acked} in {1000 * result.latency_s:.1f} ms; "
+            f"{result.frames_dropped_server} frames never sent"
+        )
         print(f"one connection for both replies: {client.connections == 1}")
 
 
