@@ -27,7 +27,7 @@ from livekit import rtc
 from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, llm
 from livekit.agents.voice import Agent, ModelSettings, io
 
-from tts_service import protocol as P
+from tests.tts_service.tts_helpers import on_loopback
 from tts_service.runtime import Synthesizer
 from tts_service.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig
@@ -73,15 +73,8 @@ class RunningServer:
 async def running_server(engine, *, config: ServerConfig | None = None) -> AsyncIterator[RunningServer]:
     # Admission by measured load is switched off: a busy 2-core test machine must not refuse.
     server = CountingServer(Synthesizer(engine, options=SchedulerOptions(capacity=1000.0)), config or ServerConfig())
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield RunningServer(server, f"ws://{host}:{port}{P.WS_PATH}")
-    finally:
-        await runner.cleanup()
+    async with on_loopback(server.app) as (ws_url, _http_url):
+        yield RunningServer(server, ws_url)
 
 
 # ---------------------------------------------------------------- LLM

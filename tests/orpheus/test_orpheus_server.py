@@ -7,8 +7,8 @@ import contextlib
 
 import aiohttp
 import pytest
-from aiohttp import web
 
+from tests.tts_service.tts_helpers import on_loopback
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient, TTSError, TTSOverloaded
 from tts_service.orpheus.runtime import OrpheusSynthesizer
@@ -38,15 +38,8 @@ async def serving(engine, **options):
     # tested in test_orpheus_scheduler.py, here it would refuse every stream.
     options.setdefault("capacity", 1000.0)
     server = Server(OrpheusSynthesizer(engine, options=OrpheusOptions(**options)))
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"ws://{host}:{port}{P.WS_PATH}", f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with on_loopback(server.app) as urls:
+        yield urls
 
 
 async def test_streams_a_context_to_done(engine):

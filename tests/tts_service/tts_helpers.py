@@ -52,13 +52,20 @@ async def running_server(
     """A real server on a free loopback port, torn down on exit."""
     options = options or SchedulerOptions(capacity=NO_ADMISSION_LIMIT)
     server = Server(Synthesizer(engine, options=options), config or ServerConfig())
-    runner = web.AppRunner(server.app, access_log=None)
+    async with on_loopback(server.app) as (ws_url, http_url):
+        yield RunningServer(server, ws_url, http_url)
+
+
+@contextlib.asynccontextmanager
+async def on_loopback(app: web.Application) -> AsyncIterator[tuple[str, str]]:
+    """Serve ``app`` on a free loopback port: ``(ws_url, http_url)``; every suite's server uses it."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
     try:
-        yield RunningServer(server, f"ws://{host}:{port}{P.WS_PATH}", f"http://{host}:{port}")
+        yield f"ws://{host}:{port}{P.WS_PATH}", f"http://{host}:{port}"
     finally:
         await runner.cleanup()
 
