@@ -243,7 +243,7 @@ def render_table(levels: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .serve import build_engine
+    from .serve import engine_from_args
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -253,17 +253,7 @@ def run(args: argparse.Namespace) -> int:
         sweep = sorted({s for s in DEFAULT_SWEEP if s < args.max_streams} | {args.max_streams})
     t_start = time.perf_counter()
     try:
-        engine = build_engine(
-            model_path=args.model_path,
-            snac_path=args.snac_path,
-            random_weights=args.random_weights,
-            device=args.device,
-            dtype=args.dtype,
-            max_slots=max(sweep),
-            max_len=args.max_len,
-            cuda_graphs=not args.no_cuda_graphs,
-            codec_right=args.codec_right,
-        )
+        engine = engine_from_args(args, max_slots=max(sweep))
     except OrpheusSetupError as exc:
         print(f"streamvox bench engine: {exc}", file=sys.stderr)
         return 2

@@ -155,6 +155,22 @@ def build_engine(
     return engine
 
 
+def engine_from_args(args: argparse.Namespace, *, max_slots: int | None, voice: str | None = None):
+    """:func:`build_engine` from the options of :func:`add_model_args` (serve and bench share them)."""
+    return build_engine(
+        model_path=args.model_path,
+        snac_path=args.snac_path,
+        random_weights=args.random_weights,
+        device=args.device,
+        dtype=args.dtype,
+        max_slots=max_slots,
+        max_len=args.max_len,
+        voice=voice,
+        cuda_graphs=not args.no_cuda_graphs,
+        codec_right=args.codec_right,
+    )
+
+
 def build_synthesizer(args: argparse.Namespace, *, metrics=None):
     """``streamvox serve --engine orpheus``: the engine wrapped for ``tts_service.server.Server``."""
     from .runtime import OrpheusSynthesizer
@@ -164,17 +180,6 @@ def build_synthesizer(args: argparse.Namespace, *, metrics=None):
         import torch
 
         torch.set_num_threads(args.threads)
-    engine = build_engine(
-        model_path=args.model_path,
-        snac_path=args.snac_path,
-        random_weights=args.random_weights,
-        device=args.device,
-        dtype=args.dtype,
-        max_slots=args.max_slots,
-        max_len=args.max_len,
-        voice=args.voice,
-        cuda_graphs=not args.no_cuda_graphs,
-        codec_right=args.codec_right,
-    )
+    engine = engine_from_args(args, max_slots=args.max_slots, voice=args.voice)
     options = OrpheusOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, sampling=Sampling())
     return OrpheusSynthesizer(engine, options=options, metrics=metrics)
