@@ -175,36 +175,31 @@ async def test_missing_ack_drops_the_connection(engine, monkeypatch: pytest.Monk
         assert srv.server.ws_connections == 2
 
 
-async def test_errors_are_translated_once(lk_server: RunningServer) -> None:
-    tts = StreamvoxTTS(url=lk_server.url, voice="no-such-voice")
+async def _stream_error(tts: StreamvoxTTS, expected: type[BaseException]) -> BaseException:
+    """Say "Hello." once without retries and return the error the stream raises."""
     tts.on("error", lambda _: None)
     try:
         stream = tts.stream(conn_options=NO_RETRY)
         stream.push_text("Hello.")
         stream.end_input()
-        with pytest.raises(APIStatusError) as info:
+        with pytest.raises(expected) as info:
             async for _ in stream:
                 pass
         await stream.aclose()
     finally:
         await tts.aclose()
-    assert info.value.status_code == 404 and not info.value.retryable
-    assert info.value.__cause__ is None and "no-such-voice" in info.value.message
+    return info.value
+
+
+async def test_errors_are_translated_once(lk_server: RunningServer) -> None:
+    err = await _stream_error(StreamvoxTTS(url=lk_server.url, voice="no-such-voice"), APIStatusError)
+    assert err.status_code == 404 and not err.retryable
+    assert err.__cause__ is None and "no-such-voice" in err.message
 
     secret = "s3cret-key"
     tts = StreamvoxTTS(url=f"ws://127.0.0.1:9/v1/stream?token={secret}", api_key=secret)
-    tts.on("error", lambda _: None)
-    try:
-        stream = tts.stream(conn_options=NO_RETRY)
-        stream.push_text("Hello.")
-        stream.end_input()
-        with pytest.raises(APIConnectionError) as conn_info:
-            async for _ in stream:
-                pass
-        await stream.aclose()
-    finally:
-        await tts.aclose()
-    assert conn_info.value.retryable and secret not in str(conn_info.value) and secret not in repr(conn_info.value)
+    conn_err = await _stream_error(tts, APIConnectionError)
+    assert conn_err.retryable and secret not in str(conn_err) and secret not in repr(conn_err)
 
 
 # ---------------------------------------------------------------- inside an AgentSession
