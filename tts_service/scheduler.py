@@ -74,7 +74,6 @@ class SchedulerOptions:
     early_cut_words: int = 3  # ... if it holds at least this many words
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
     idle_s: float = 5.0  # a stream with no text or audio for this long stops counting as load
-    busy_window_s: float = 2.0  # utilisation (reported in /readyz and metrics) is measured over this window
     talk_idle_s: float = 1.0  # a stream with nothing to do for this long stops counting as talking
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
 
@@ -216,7 +215,6 @@ class StreamScheduler:
         self._streams: dict[int, StreamState] = {}
         self._order: list[int] = []  # admission order, for first-come first-served ties
         self._pending_out: deque[Output] = deque()
-        self.batch_sizes: list[int] = []
 
     # ------------------------------------------------------------ admission
     def admit(self, now: float) -> None:
@@ -306,10 +304,6 @@ class StreamScheduler:
         s.held.clear()
 
     # ------------------------------------------------------------ results
-    def _record_batch(self, size: int) -> None:
-        self.batch_sizes.append(size)
-        del self.batch_sizes[:-1000]
-
     def _hold(self, s: StreamState, audio: np.ndarray, words: list[tuple[str, float, float]] | None = None) -> None:
         """Cut computed audio into wire frames and hold them; ``words`` go with the first frame."""
         step = self.opt.frame_samples
@@ -390,9 +384,6 @@ class Scheduler(StreamScheduler):
     def __init__(self, *, sample_rate: int, options: SchedulerOptions | None = None) -> None:
         super().__init__(sample_rate=sample_rate, options=options or SchedulerOptions())
         self.cost_per_audio_s = 0.15  # EMA of compute seconds per audio second; refined live
-        self.busy_s = 0.0
-        self.audio_s_total = 0.0
-        self._busy: deque[tuple[float, float]] = deque()  # (finished at, compute seconds) per batch
 
     # ------------------------------------------------------------ admission
     def refusal(self, now: float) -> Overloaded | None:
@@ -427,13 +418,6 @@ class Scheduler(StreamScheduler):
             and s.first_text_at is not None
             and (s.segments or s.held or s.in_flight or now - s.last_activity < self.opt.talk_idle_s)
         )
-
-    def utilisation(self, now: float) -> float:
-        """Fraction of the last ``busy_window_s`` the worker spent computing."""
-        horizon = now - self.opt.busy_window_s
-        while self._busy and self._busy[0][0] < horizon:
-            self._busy.popleft()
-        return sum(sec for _, sec in self._busy) / self.opt.busy_window_s
 
     def capacity_streams(self) -> int:
         """How many real-time streams the measured cost allows (an estimate for ``/readyz``)."""
@@ -487,7 +471,6 @@ class Scheduler(StreamScheduler):
                 seg.prepping = True
                 preps.append(PrepJob(s.sid, seg, s.voice))
             windows.append(WindowJob(s.sid, seg, seg.cursor, size))
-        self._record_batch(len(windows))
         return Batch(preps, windows)
 
     def _starving(self, s: _Stream, now: float) -> bool:
@@ -555,16 +538,7 @@ class Scheduler(StreamScheduler):
                 s.segments.remove(seg)
         for s in {self._streams[j.sid] for j in batch.preps + batch.windows if j.sid in self._streams}:
             self._maybe_done(s)
-        self._busy.append((now, result.seconds))
         if audio_s > 0 and result.seconds > 0:
-            self.busy_s += result.seconds
-            self.audio_s_total += audio_s
             # Only steady-state cost matters for capacity: weigh bigger batches more.
             alpha = min(0.3, audio_s / 5.0)
             self.cost_per_audio_s += alpha * (result.seconds / audio_s - self.cost_per_audio_s)
-
-    def has_work(self, now: float) -> bool:
-        return any(
-            not s.status.finished and not s.in_flight and any(g.prepared is None or g.remaining > 0 for g in s.segments)
-            for s in self._streams.values()
-        )

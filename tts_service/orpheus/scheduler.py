@@ -277,7 +277,6 @@ class OrpheusScheduler(StreamScheduler):
             self._releases = releases  # nothing to run; keep them for the next plan
             return None
         owners = {slot: sid for slot, sid in enumerate(self._owner) if sid is not None}
-        self._record_batch(len(decode))
         return TickPlan(releases, claims, prefills, sorted(decode), owners)
 
     def _wants_step(self, s: _Stream, now: float) -> bool:
