@@ -27,9 +27,7 @@ import logging
 import math
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,9 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from tts_service import protocol as P
 from tts_service.client import TTSClient, TTSConnectionError, TTSOverloaded
-from tts_service.localproc import StartError, free_port, wait_ready
+from tts_service.localproc import ChildServer, ServerThread, StartError
 
 from .bargein import BargeIn, BargeInIgnored, BargeInMetrics, BargeInOptions, BargeInRecord
 from .jitter import AdaptiveJitterBuffer
@@ -52,7 +49,6 @@ __all__ = [
     "CALLER_TEXT",
     "LONG_ANSWER",
     "NEXT_REPLY",
-    "LocalServer",
     "ScenarioConfig",
     "ScenarioResult",
     "SimulationReport",
@@ -434,97 +430,13 @@ async def simulate(
 # ---------------------------------------------------------------------------- local server
 
 
-class LocalServer:
-    """The real TTS server on a free loopback port, in a thread with its own event loop.
-
-    A thread (not this event loop) so that the agent side's timing is not the server's: a
-    stalled agent loop does not stall synthesis, and the reverse, as with separate processes.
-    """
-
-    def __init__(self, engine=None, *, options=None, config=None) -> None:
-        self._engine = engine
-        self._options = options
-        self._config = config
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.server = None
-        self.url = ""
-        self._runner = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> str:
-        from tts_service.cli import load_engine
-
-        engine = self._engine if self._engine is not None else load_engine([], progress=lambda *_: None)
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def main() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self.loop = loop
-            try:
-                loop.run_until_complete(self._up(engine))
-            except BaseException as exc:
-                failure.append(exc)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=main, name="streamvox-local-server", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            raise failure[0]
-        return self.url
-
-    async def _up(self, engine) -> None:
-        from aiohttp import web
-
-        from tts_service.runtime import Synthesizer
-        from tts_service.server import Server
-
-        self.server = Server(Synthesizer(engine, options=self._options), self._config)
-        self._runner = web.AppRunner(self.server.app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"ws://{host}:{port}{P.WS_PATH}"
-
-    def run(self, coro, timeout: float = 10.0):
-        """Run a coroutine on the server's loop (from another thread) and return its result."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        if self.loop is not None and self._thread is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def __enter__(self) -> LocalServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _spawn_server(timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tts_service", "--port", str(port), "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL,
-    )
+def _spawn_server(timeout: float = 120.0) -> tuple[ChildServer, str]:
+    child = ChildServer.tts(output="quiet")
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, timeout, what="the TTS server (run `streamvox serve` to see why)")
+        child.start(timeout)
     except StartError as exc:
-        proc.terminate()
-        raise RuntimeError(str(exc)) from None
-    return proc, f"ws://127.0.0.1:{port}{P.WS_PATH}"
+        raise RuntimeError(f"{exc} (run `streamvox serve` to see why)") from None
+    return child, child.ws_url
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -564,7 +476,7 @@ def _cli(args: argparse.Namespace) -> int:
     try:
         if url is None and args.in_process:
             console.print("starting the server in this process ...")
-            local = LocalServer()
+            local = ServerThread()
             url = local.start()
         elif url is None:
             console.print("starting the server (subprocess) ...")
@@ -604,8 +516,7 @@ def _cli(args: argparse.Namespace) -> int:
             return 2
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
+            proc.stop()
         if local is not None:
             local.stop()
     print_report(report, console)

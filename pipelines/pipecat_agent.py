@@ -35,10 +35,7 @@ user's speech to the bot's audio stopping) with the TTS cancel->ack time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -63,7 +60,7 @@ from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
-from tts_service.localproc import StartError, free_port, wait_ready
+from tts_service.localproc import ChildServer, StartError, free_port
 
 SYSTEM_PROMPT = (
     "You are a friendly voice assistant on a phone or video call. Your replies are spoken aloud: "
@@ -284,15 +281,12 @@ async def bot(runner_args) -> None:
 # ---------------------------------------------------------------- launcher
 
 
-def _start(args: list[str], base: str, path: str, what: str, timeout_s: float) -> subprocess.Popen:
-    print(f"starting the {what}: {' '.join(args)}", flush=True)
-    proc = subprocess.Popen([sys.executable, *args])
+def _start(child: ChildServer, timeout_s: float) -> ChildServer:
+    print(f"starting {child.what}: {' '.join(child.args[1:])}", flush=True)
     try:
-        wait_ready(base, proc, timeout_s, path=path, what=f"the {what}")
+        return child.start(timeout_s)
     except StartError as exc:
-        proc.terminate()
         raise SystemExit(f"pipecat_agent: {exc}; see its output above") from None
-    return proc
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -301,28 +295,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="localhost")
     parser.add_argument("--port", type=int, default=7860)
     args = parser.parse_args(argv)
-    children: list[subprocess.Popen] = []
+    children: list[ChildServer] = []
     try:
         if not os.environ.get("TTS_URL"):
-            port = free_port()
-            children.append(
-                _start(
-                    ["-m", "tts_service", "--port", str(port), "--log-level", "WARNING"],
-                    f"http://127.0.0.1:{port}",
-                    "/readyz",
-                    "TTS server",
-                    60,
-                )
-            )
-            os.environ["TTS_URL"] = f"ws://127.0.0.1:{port}/v1/stream"
+            tts = _start(ChildServer.tts(output="inherit"), 60)
+            children.append(tts)
+            os.environ["TTS_URL"] = tts.ws_url
         if not os.environ.get("LLM_BASE_URL"):
             port = free_port()
             # First start: de-quantising the bundled GGUF takes up to ~75 s on 2 cores (cached after).
-            base = f"http://127.0.0.1:{port}"
-            children.append(
-                _start(["-m", "pipelines.local_llm", "--port", str(port)], base, "/v1/models", "local LLM", 300)
+            llm = ChildServer(
+                ["-m", "pipelines.local_llm", "--port", str(port)],
+                what="the local LLM",
+                port=port,
+                ready_path="/v1/models",
+                output="inherit",
             )
-            os.environ["LLM_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+            children.append(_start(llm, 300))
+            os.environ["LLM_BASE_URL"] = f"{llm.base}/v1"
         print(
             f"\n  Open http://{args.host}:{args.port}/client/ in a browser, allow the microphone, press Connect\n"
             "  and talk; interrupt the agent whenever you like. Figures per turn appear below.\n"
@@ -336,11 +326,8 @@ def main(argv: list[str] | None = None) -> None:
 
         uvicorn.run(build_room_app(AgentConfig.from_env()), host=args.host, port=args.port, log_level="warning")
     finally:
-        for proc in children:
-            proc.terminate()
-        for proc in children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
+        for child in children:
+            child.stop(timeout=5)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,8 @@ import time
 
 from aiohttp import web
 
-from tts_service.cli import load_engine
 from tts_service.client import AudioFrame, TTSClient
-from tts_service.localproc import free_port
+from tts_service.localproc import free_port, load_engine
 from tts_service.runtime import Synthesizer
 from tts_service.scheduler import SchedulerOptions
 from tts_service.server import Server

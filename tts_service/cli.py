@@ -76,13 +76,25 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_parser(sub)
-    try:
-        from agent.simulate import add_simulate_parser
-    except ImportError:
-        pass
-    else:
-        add_simulate_parser(sub)
+    _plugin_commands(sub)
     return parser
+
+
+def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands that other packages register (``streamvox simulate`` comes from ``agent``).
+
+    Entry points rather than an import: the server package never imports the agent side, and a
+    server-only install simply has fewer commands.
+    """
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="streamvox.commands"):
+        try:
+            add = ep.load()
+        except ImportError as exc:  # the plug-in's extras are missing: the rest still works
+            logging.getLogger(__name__).debug("streamvox command %s unavailable: %s", ep.name, exc)
+            continue
+        add(sub)
 
 
 class CliError(Exception):
@@ -105,19 +117,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def load_engine(voice_paths: list[str], *, device: str = "cpu", threads: int | None = None, progress=print):
-    """Load every requested voice (the bundled one by default), with progress lines."""
-    from .engine import PiperEngine
-    from .voices import VoiceError, default_voice_path
+    """``localproc.load_engine`` with a voice problem turned into a CLI message."""
+    from .localproc import load_engine as _load
+    from .voices import VoiceError
 
     try:
-        engine = PiperEngine(device=device, threads=threads)
-        for path in voice_paths or [str(default_voice_path())]:
-            t0 = time.perf_counter()
-            name = engine.load_voice(path, progress=progress)
-            progress(f"voice {name} ready in {time.perf_counter() - t0:.1f} s")
+        return _load(voice_paths, device=device, threads=threads, progress=progress)
     except VoiceError as exc:
         raise CliError(str(exc)) from None
-    return engine
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 from .cli import speak_to_wav
 from .client import TTSClient
-from .localproc import StartError, free_port, wait_ready
+from .localproc import ChildServer, StartError
 
 PARAGRAPH = (
     "Welcome to streamvox. This voice is generated while you listen: the first sound leaves the server "
@@ -42,25 +41,22 @@ async def _run(url: str, out_dir: Path) -> None:
 
 
 def main() -> int:
-    port = free_port()
-    base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/stream"
+    server = ChildServer.tts(output="inherit")  # the user sees the server's own messages
     out_dir = Path(os.environ.get("STREAMVOX_DEMO_OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"starting streamvox on {url} ...", flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "tts_service", "--port", str(port), "--log-level", "WARNING"])
+    print(f"starting streamvox on {server.ws_url} ...", flush=True)
     try:
         try:
-            wait_ready(base, proc, 120.0)
+            server.start(120.0)
         except StartError as exc:
             raise SystemExit(f"streamvox demo: {exc}; see the server's output above") from None
-        asyncio.run(_run(url, out_dir))
-        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+        asyncio.run(_run(server.ws_url, out_dir))
+        with urllib.request.urlopen(f"{server.base}/metrics", timeout=5) as resp:
             lines = [ln for ln in resp.read().decode().splitlines() if ln.startswith("streamvox_real_time_factor")]
         if lines:
             print(f"  server: {lines[0]}")
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
     return 0
 
 

@@ -1,12 +1,33 @@
-"""Child servers on free loopback ports: the demo, the bench, the barge-in simulation and the
-agent launcher all start a real server process and wait until it answers, the same way."""
+"""Local servers on free loopback ports: the one way every caller starts one.
+
+The demo, the bench, the barge-in simulation, the agent launcher and the tests all need a real
+server (the TTS server, the batch baseline, the local LLM) that answers before they go on:
+
+* :class:`ChildServer` runs one as its own process (so its CPU is its own, as in production),
+  waits until a readiness URL answers 200, fails early with the child's last output when it
+  exits, and stops it (terminate, then kill) on exit;
+* :class:`ServerThread` runs the TTS server inside this process, in a thread with its own event
+  loop, so that a stalled caller loop does not stall synthesis (tests use it to reach the
+  server's objects);
+* :func:`load_engine` loads the Piper voices the way ``streamvox serve`` does.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import socket
 import subprocess
+import sys
+import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from . import protocol as P
 
 
 class StartError(Exception):
@@ -53,3 +74,191 @@ def _tail(path: str) -> str:
     except OSError:
         return ""
     return "; its last output:\n  " + "\n  ".join(lines) if lines else ""
+
+
+def tts_server_args(port: int, *, log_level: str = "WARNING", extra: Sequence[str] = ()) -> list[str]:
+    """``python -m tts_service`` arguments for a TTS server on ``port`` (what ``streamvox serve`` runs)."""
+    return ["-m", "tts_service", "--port", str(port), "--log-level", log_level, *extra]
+
+
+class ChildServer:
+    """One server process on a loopback port, ready when ``base + ready_path`` answers 200.
+
+    ``output``: ``"inherit"`` shows the child's output in this terminal (the demo: a user sees
+    the server's own messages), ``"log"`` keeps it in a temporary file that is quoted only if the
+    child fails to start (the bench, tests), ``"quiet"`` discards it.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        what: str,
+        port: int,
+        ready_path: str = "/readyz",
+        output: str = "log",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if output not in ("inherit", "log", "quiet"):
+            raise ValueError(f"output must be 'inherit', 'log' or 'quiet', not {output!r}")
+        self.args = [sys.executable, *args]
+        self.what = what
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
+        self._output = output
+        self._env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        self._log: Any = None
+        self.proc: subprocess.Popen | None = None
+
+    @classmethod
+    def tts(cls, *, port: int | None = None, log_level: str = "WARNING", extra: Sequence[str] = (), **kw):
+        """The streamvox TTS server (``python -m tts_service``)."""
+        port = free_port() if port is None else port
+        return cls(tts_server_args(port, log_level=log_level, extra=extra), what="the TTS server", port=port, **kw)
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}{P.WS_PATH}"
+
+    def spawn(self) -> ChildServer:
+        """Start the process without waiting (several children can load in parallel)."""
+        if self._output == "log":
+            self._log = tempfile.NamedTemporaryFile(prefix="streamvox-child-", suffix=".log", delete=False)
+            out: Any = self._log
+        else:
+            out = None if self._output == "inherit" else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT if out else None, env=self._env)
+        return self
+
+    def wait(self, timeout: float = 180.0) -> ChildServer:
+        """Block until ready; on failure stop the child and raise :class:`StartError`."""
+        if self.proc is None:
+            self.spawn()
+        try:
+            wait_ready(
+                self.base, self.proc, timeout, self._log.name if self._log else "", path=self.ready_path, what=self.what
+            )
+        except StartError:
+            self.stop()
+            raise
+        return self
+
+    def start(self, timeout: float = 180.0) -> ChildServer:
+        return self.spawn().wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate (SIGTERM: a server drains), then kill what is left after ``timeout``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._log.name)
+            self._log = None
+
+    def __enter__(self) -> ChildServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def load_engine(voice_paths: Sequence[str] = (), *, device: str = "cpu", threads: int | None = None, progress=print):
+    """Load every requested voice (the bundled one by default), with progress lines.
+
+    Raises ``voices.VoiceError`` with a message that says what to fix.
+    """
+    from .engine import PiperEngine
+    from .voices import default_voice_path
+
+    engine = PiperEngine(device=device, threads=threads)
+    for path in voice_paths or [str(default_voice_path())]:
+        t0 = time.perf_counter()
+        name = engine.load_voice(path, progress=progress)
+        progress(f"voice {name} ready in {time.perf_counter() - t0:.1f} s")
+    return engine
+
+
+class ServerThread:
+    """The real TTS server on a free loopback port, in a thread with its own event loop.
+
+    A thread (not the caller's event loop) so that the caller's timing is not the server's: a
+    stalled caller loop does not stall synthesis, and the reverse, as with separate processes.
+    ``engine`` defaults to the bundled voice; ``options`` and ``config`` go to the scheduler and
+    the server.
+    """
+
+    def __init__(self, engine=None, *, options=None, config=None) -> None:
+        self._engine = engine
+        self._options = options
+        self._config = config
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server = None
+        self.url = ""
+        self._runner = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        engine = self._engine if self._engine is not None else load_engine(progress=lambda *_: None)
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self.loop = loop
+            try:
+                loop.run_until_complete(self._up(engine))
+            except BaseException as exc:
+                failure.append(exc)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="streamvox-local-server", daemon=True)
+        self._thread.start()
+        started.wait()
+        if failure:
+            raise failure[0]
+        return self.url
+
+    async def _up(self, engine) -> None:
+        from aiohttp import web
+
+        from .runtime import Synthesizer
+        from .server import Server
+
+        self.server = Server(Synthesizer(engine, options=self._options), self._config)
+        self._runner = web.AppRunner(self.server.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"ws://{host}:{port}{P.WS_PATH}"
+
+    def run(self, coro, timeout: float = 10.0):
+        """Run a coroutine on the server's loop (from another thread) and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._thread is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

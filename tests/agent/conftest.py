@@ -65,11 +65,10 @@ def tts_server():
     """The real TTS server on a loopback port, in its own thread and event loop (so a test that
     stalls the agent's loop does not stall the server, as with a separate process). Admission
     control is off: on a busy 2-core machine the measured cost can refuse even one stream."""
-    from agent.simulate import LocalServer
-    from tts_service.cli import load_engine
+    from tts_service.localproc import ServerThread, load_engine
     from tts_service.scheduler import SchedulerOptions
 
-    server = LocalServer(load_engine([], progress=lambda *_: None), options=SchedulerOptions(capacity=1000.0))
+    server = ServerThread(load_engine([], progress=lambda *_: None), options=SchedulerOptions(capacity=1000.0))
     server.start()
     yield server
     server.stop()

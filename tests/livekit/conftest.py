@@ -34,7 +34,7 @@ BARGE_IN_SENTENCE = "Wait, stop. I have a different question."
 
 @pytest.fixture(scope="session")
 def engine():
-    from tts_service.cli import load_engine
+    from tts_service.localproc import load_engine
 
     return load_engine([], progress=lambda *_: None)
 

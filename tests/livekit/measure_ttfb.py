@@ -51,7 +51,7 @@ NEXT = "Sure, go ahead."
 _SERVE = """
 import sys
 from aiohttp import web
-from tts_service.cli import load_engine
+from tts_service.localproc import load_engine
 from tts_service.runtime import Synthesizer
 from tts_service.scheduler import SchedulerOptions
 from tts_service.server import Server

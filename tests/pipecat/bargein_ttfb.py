@@ -199,7 +199,7 @@ async def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     logging.basicConfig(level=logging.WARNING)
-    from tts_service.cli import load_engine
+    from tts_service.localproc import load_engine
 
     engine = load_engine([], progress=lambda *_: None)
     async with counting_server(engine) as srv:

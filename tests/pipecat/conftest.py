@@ -16,7 +16,7 @@ from tests.pipecat.harness import CountingServer, counting_server
 
 @pytest.fixture(scope="session")
 def engine():
-    from tts_service.cli import load_engine
+    from tts_service.localproc import load_engine
 
     return load_engine([], progress=lambda *_: None)
 

@@ -20,7 +20,7 @@ from tts_service.server import ServerConfig
 
 @pytest.fixture(scope="session")
 def engine() -> PiperEngine:
-    from tts_service.cli import load_engine
+    from tts_service.localproc import load_engine
 
     return load_engine([], progress=lambda *_: None)
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from .. import protocol as P
-from ..localproc import free_port, wait_ready
+from ..localproc import ChildServer, free_port, tts_server_args
 
 STREAMING = "streaming"
 BASELINE = "baseline"
@@ -45,51 +41,29 @@ def http_base(ws_url: str) -> str:
     return urlunsplit((scheme, parts.netloc, "", "", ""))
 
 
-def server_command(name: str, port: int) -> list[str]:
+def server_args(name: str, port: int) -> list[str]:
+    """``python`` arguments for the server called ``name`` on ``port``."""
     if name == STREAMING:
-        return [sys.executable, "-m", "tts_service", "--port", str(port), "--log-level", "WARNING"]
-    return [sys.executable, "-m", "tts_service.bench.baseline", "--port", str(port)]
-
-
-class _Child:
-    """One server process with its output in a temporary log (shown only if it fails to start)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix=f"streamvox-bench-{name}-", suffix=".log", delete=False)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            server_command(name, self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env
-        )
-
-    def wait(self, timeout: float) -> Target:
-        wait_ready(f"http://127.0.0.1:{self.port}", self.proc, timeout, self.log.name)
-        return Target(self.name, f"ws://127.0.0.1:{self.port}{P.WS_PATH}", DESCRIPTIONS[self.name])
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
+        return tts_server_args(port)
+    return ["-m", "tts_service.bench.baseline", "--port", str(port)]
 
 
 @contextlib.contextmanager
 def spawned(*names: str, timeout: float = 180.0) -> Iterator[dict[str, Target]]:
     """Run servers as child processes on free loopback ports (loading in parallel) for the block."""
-    children: list[_Child] = []
+    children: dict[str, ChildServer] = {}
     try:
         for name in names:
-            children.append(_Child(name))
-        yield {c.name: c.wait(timeout) for c in children}
+            port = free_port()
+            children[name] = ChildServer(server_args(name, port), what=f"the {name} server", port=port).spawn()
+        targets = {}
+        for name, child in children.items():
+            child.wait(timeout)
+            targets[name] = Target(name, child.ws_url, DESCRIPTIONS[name])
+        yield targets
     finally:
-        for c in children:
-            c.stop()
+        for child in children.values():
+            child.stop()
 
 
 _CPU_RE = re.compile(r"^process_cpu_seconds_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
