@@ -5,9 +5,24 @@ sentence ends, and - for the first segment of a context only - at an early claus
 because time to first audio grows with the first segment's length (the front part runs over
 the whole segment before its first window can be decoded).
 
+The head of a reply (first-segment policy):
+
+* a short **opening** clause ("Sure," "Okay," "Well," "Of course,") is a segment of its own, cut
+  as soon as its punctuation arrives: the first audio then waits for one word, not for the
+  first sentence. Speakers pause there anyway, so the cut costs no prosody;
+* the segment after an opening is still the head: it is cut early at a clause, and capped at
+  ``first_max_chars`` at a word boundary that does not strand a function word, so the opening's
+  audio is followed quickly;
+* ``cut_words`` (called by the scheduler when waiting for punctuation would leave the listener in
+  silence) cuts at a word boundary that does not strand a function word either.
+
 A boundary is only *confirmed* when the character after it has arrived: "3." may become
 "3.14", "Dr." is followed by a name, "example." may be "example.com". Abbreviations and
-numbers are therefore never cut. ``flush``/``end`` cut whatever is buffered.
+numbers are therefore never cut. An opening's comma after a letter needs no confirmation:
+nothing that can follow it makes it not a boundary. ``flush``/``end`` cut whatever is buffered.
+
+Every cut made by ``push`` depends only on the text, never on how it was split into pieces
+(streaming equals offline, a property test holds it).
 """
 
 from __future__ import annotations
@@ -26,6 +41,11 @@ FUNCTION_WORDS = frozenset(
     my your his her its our their this these those is are was were be been am i you he she we they
     it not no if into onto over under about after before""".split()
 )
+# Words that begin a phrase (prepositions, conjunctions, relatives): a forced cut goes before them.
+PHRASE_STARTS = frozenset(
+    """to of in on at by for from with and or but nor so as than that which who whom whose into onto over
+    under about after before because while when where until since""".split()
+)
 _SENTENCE_END = ".!?…"
 _CLAUSE_END = ",;:—"
 _CLOSERS = "\"')]}”’"
@@ -41,6 +61,9 @@ class SegmenterOptions:
     first_max_chars: int = 40
     first_clause_floor_chars: int = 10  # ... preferring a clause of at least this many characters
     min_chars: int = 2  # shorter sentence fragments wait for more text ("A." "B.")
+    # A first clause of at most this many words ("Sure," "Okay, so" -> "Okay,") is its own
+    # segment; 0 turns openings off.
+    opening_max_words: int = 3
 
 
 @dataclass(slots=True)
@@ -50,6 +73,7 @@ class Segmenter:
     options: SegmenterOptions = field(default_factory=SegmenterOptions)
     _buf: str = ""
     _emitted: int = 0
+    _opened: bool = False  # the only segment emitted so far is an opening: the next one is still the head
 
     @property
     def pending(self) -> str:
@@ -63,8 +87,9 @@ class Segmenter:
             cut = self._find_cut()
             if cut is None:
                 break
+            opening = self._emitted == 0 and self._buf[cut - 1] in _CLAUSE_END and self._is_opening(self._buf, cut - 1)
             seg, self._buf = self._buf[:cut], self._buf[cut:]
-            self._take(seg, out)
+            self._take(seg, out, opening=opening)
         return out
 
     def flush(self) -> list[str]:
@@ -80,30 +105,42 @@ class Segmenter:
         The scheduler calls this when waiting for punctuation would leave the listener in
         silence (a slow LLM): a cut mid-clause costs some prosody, silence costs more.
         """
-        space = self._buf.rstrip().rfind(" ") if not self._buf[-1:].isspace() else len(self._buf)
-        head = self._buf[:space] if space > 0 else ""
-        if len(head.split()) < min_words:
+        words = self._buf.split()
+        if words and not self._buf[-1:].isspace():
+            words.pop()  # the last word may still be growing ("abo" -> "about")
+        # "... the best way to | go", not "... the best way to go | about": a function word
+        # belongs to what follows it, so it waits with that.
+        while words and _bare(words[-1]) in FUNCTION_WORDS:
+            words.pop()
+        if len(words) < max(1, min_words):
             return []
-        self._buf = self._buf[space:].lstrip()
+        head_end = _end_of_word(self._buf, len(words))
+        head, self._buf = self._buf[:head_end], self._buf[head_end:].lstrip()
         out: list[str] = []
         self._take(head, out)
         return out
 
-    def _take(self, seg: str, out: list[str]) -> None:
+    def _take(self, seg: str, out: list[str], *, opening: bool = False) -> None:
         seg = " ".join(seg.split())
         if seg:
             out.append(seg)
+            self._opened = opening and self._emitted == 0
             self._emitted += 1
 
     def _find_cut(self) -> int | None:
+        """Where the next segment ends, or None to wait for more text."""
         buf = self._buf
-        first = self._emitted == 0
+        head = self._emitted == 0 or (self._emitted == 1 and self._opened)
         n = len(buf)
-        limit = self.options.first_max_chars if first else self.options.max_chars
+        limit = self.options.first_max_chars if head else self.options.max_chars
         # A boundary needs its next character to be confirmed. Only boundaries inside the first
         # `limit` characters count, so that a cut never depends on how the text was split into pieces.
-        for i in range(min(n - 1, limit)):
+        for i in range(min(n, limit)):
             ch = buf[i]
+            if self._emitted == 0 and ch in _CLAUSE_END and self._is_opening(buf, i):
+                return i + 1  # decided by buf[: i + 1] alone: no need to wait for the next character
+            if i + 1 >= n:
+                break
             if ch in _SENTENCE_END:
                 j = i + 1
                 while j < n and buf[j] in _CLOSERS + _SENTENCE_END:
@@ -116,20 +153,32 @@ class Segmenter:
                     and len(buf[:j].strip()) >= self.options.min_chars
                 ):
                     return j
-            elif first and ch in _CLAUSE_END and buf[i + 1].isspace():
+            elif head and ch in _CLAUSE_END and buf[i + 1].isspace():
                 if len(buf[:i].strip()) >= self.options.first_clause_min_chars:
                     if _after_digit(buf, i) and i + 2 >= n:
                         return None  # "May 5, 2024" or "5, then": the next character decides
                     if not _inside_number(buf, i):
                         return i + 1
         if n > limit:
-            return self._first_cut(buf, limit) if first else _word_cut(buf, limit)
+            return self._first_cut(buf, limit) if head else _word_cut(buf, limit)
         return None
 
+    def _is_opening(self, buf: str, i: int) -> bool:
+        """Is ``buf[:i]`` a short opening clause ("Sure" "Of course" "Hello there") ending at ``buf[i]``?
+
+        Only plain words count: a digit before the comma may be a number ("5, 10"), a quote or a
+        bracket has a closer to wait for.
+        """
+        if not (i > 0 and buf[i - 1].isalpha()):
+            return False
+        words = buf[:i].split()
+        return 0 < len(words) <= self.options.opening_max_words and all(_PLAIN_WORD.fullmatch(w) for w in words)
+
     def _first_cut(self, buf: str, limit: int) -> int:
-        """The first segment ran past ``first_max_chars`` with no boundary: prefer the last short
-        clause ("Hello there, my friend,"), else a word boundary that does not strand a
-        function word ("... your appointment | to Thursday", not "... appointment to | Thursday")."""
+        """The head ran past ``first_max_chars`` with no boundary: prefer the last short clause
+        ("Hello there, my friend,"), else the last phrase boundary ("... your appointment | to
+        Thursday", "a table | for four people"), else a word boundary that does not strand a
+        function word."""
         best = None
         for i in range(min(len(buf) - 1, limit)):
             if (
@@ -139,7 +188,9 @@ class Segmenter:
                 and not _after_digit(buf, i)
             ):
                 best = i + 1
-        return best if best is not None else _word_cut(buf, limit, avoid=FUNCTION_WORDS)
+        if best is not None:
+            return best
+        return _phrase_cut(buf, limit) or _word_cut(buf, limit, avoid=FUNCTION_WORDS)
 
     @staticmethod
     def _is_sentence_end(buf: str, i: int) -> bool:
@@ -157,8 +208,33 @@ class Segmenter:
         return True
 
 
+_PLAIN_WORD = re.compile(r"[^\W\d_](?:[\w'’.-]*[^\W\d_])?")  # letters, inner apostrophes/dots/hyphens
+
+
+def _bare(word: str) -> str:
+    return word.lower().strip("\"'“”‘’()[]{}")
+
+
+def _end_of_word(buf: str, k: int) -> int:
+    """Index just after the ``k``-th whitespace-separated word of ``buf`` (``k`` >= 1)."""
+    return [m.end() for m in re.finditer(r"\S+", buf)][k - 1]
+
+
 def _after_digit(buf: str, i: int) -> bool:
     return i > 0 and buf[i] == "," and buf[i - 1].isdigit()
+
+
+def _phrase_cut(buf: str, limit: int, min_words: int = 3) -> int | None:
+    """The last space before ``limit`` that starts a phrase: a content word, then a word in
+    ``PHRASE_STARTS`` (complete: followed by a space before ``limit``). None if there is none
+    after ``min_words`` words. Cutting there keeps "next Monday" and "four people" whole."""
+    spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", buf[:limit])]
+    best = None
+    for k in range(min_words, len(spans) - 1):  # the last span may be a word cut by ``limit``
+        prev, word = buf[slice(*spans[k - 1])], buf[slice(*spans[k])]
+        if _bare(word) in PHRASE_STARTS and _bare(prev) not in FUNCTION_WORDS and prev[-1:].isalnum():
+            best = spans[k - 1][1]
+    return best
 
 
 def _word_cut(buf: str, limit: int, avoid: frozenset[str] = frozenset()) -> int:

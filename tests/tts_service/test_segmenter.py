@@ -56,6 +56,7 @@ def test_random_chunks_equal_offline(seed: int) -> None:
 TOKENS = [
     "word", "a", "Anna", "Dr.", "e.g.", "J.", "U.S.", "3.14", "41,", "5,", "2024", "1,000", "$3.50",
     "example.com", "end.", "stop!", "why?", "so,", "well;", "note:", "—", '"quoted."', "(aside.)", "...", "…",
+    "Sure,", "Okay", "Of", "course,", "the", "to", "from", "and", "don't,", '"Well,"',
 ]  # fmt: skip
 TEXT = st.lists(st.tuples(st.sampled_from(TOKENS), st.sampled_from([" ", " ", " ", "", "  ", "\n"])), max_size=40).map(
     lambda parts: "".join(t + sep for t, sep in parts)
@@ -71,6 +72,7 @@ def test_any_split_equals_offline(text: str, cuts: list[int], data: st.DataObjec
         first_max_chars=data.draw(st.integers(8, 80)),
         first_clause_floor_chars=data.draw(st.integers(1, 20)),
         min_chars=data.draw(st.integers(1, 4)),
+        opening_max_words=data.draw(st.integers(0, 4)),
     )
     bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
@@ -124,8 +126,64 @@ def test_first_segment_is_cut_early_at_a_clause() -> None:
     assert out[1:] == ["everyone went home, tired but happy."]
 
 
-def test_short_first_clause_is_not_cut() -> None:
-    assert offline("Well, I think so. Yes.") == ["Well, I think so.", "Yes."]
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Well, I think so. Yes.", ["Well,", "I think so.", "Yes."]),
+        ("Sure, I can help with that. Your order shipped.", ["Sure,", "I can help with that.", "Your order shipped."]),
+        ("Okay, so what now?", ["Okay,", "so what now?"]),
+        ("Of course; here it is.", ["Of course;", "here it is."]),
+        ("Hmm, let me check. Done.", ["Hmm,", "let me check.", "Done."]),
+        ("Great question, it depends.", ["Great question,", "it depends."]),
+    ],
+)
+def test_a_short_opening_clause_is_its_own_segment(text: str, expected: list[str]) -> None:
+    assert offline(text) == expected
+    assert streamed(list(text)) == expected
+
+
+def test_an_opening_is_cut_as_soon_as_its_comma_arrives() -> None:
+    # First audio waits for one LLM token, not for the next one to confirm the comma.
+    seg = Segmenter()
+    assert seg.push("Sure") == []
+    assert seg.push(",") == ["Sure,"]
+    assert seg.push(" I can") == []
+    # Only the first clause can be an opening.
+    seg = Segmenter()
+    assert seg.push("Okay. Well,") == ["Okay."]
+    assert seg.push(" then") == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Prices rose 5, 10 and 15 percent today.",  # a number's comma
+        "In 2024, we moved to the coast.",  # a digit before the comma
+        '"Well," he said, and left.',  # a quote to close first
+        "When I got home, it was dark.",  # four words: a clause, not an opening
+    ],
+)
+def test_what_is_not_an_opening(text: str) -> None:
+    first = offline(text)[0]
+    assert len(first.split()) > 3, first
+
+
+def test_openings_can_be_turned_off() -> None:
+    assert offline("Well, I think so. Yes.", SegmenterOptions(opening_max_words=0)) == ["Well, I think so.", "Yes."]
+
+
+def test_the_segment_after_an_opening_is_still_the_head() -> None:
+    # Capped like a first segment, so the opening's audio is followed quickly ...
+    text = "Sure, I can move your appointment to Thursday at three in the afternoon. And then some more."
+    assert offline(text) == [
+        "Sure,",
+        "I can move your appointment",
+        "to Thursday at three in the afternoon.",
+        "And then some more.",
+    ]
+    # ... and cut early at a clause; the segment after that is not the head any more.
+    text = "Well, the meeting went on for a while, and then, at last, everyone went home."
+    assert offline(text) == ["Well,", "the meeting went on for a while,", "and then, at last, everyone went home."]
 
 
 def test_number_commas_are_not_clause_boundaries() -> None:
@@ -137,16 +195,32 @@ def test_number_commas_are_not_clause_boundaries() -> None:
     assert not offline(text)[0].endswith("5,")
 
 
-def test_a_long_first_clause_is_capped_without_stranding_a_function_word() -> None:
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        # at a phrase boundary (before a preposition or conjunction), the modifier kept with its noun
+        ("I found three flights to Denver tomorrow morning, and the earliest one leaves.", "I found three flights"),
+        ("So you would like a table for four people on Saturday evening.", "So you would like a table"),
+        ("I have moved your booking to next Monday at noon.", "I have moved your booking"),
+        ("Your flight is on time and boarding starts forty minutes before departure.", "Your flight is on time"),
+        # no phrase boundary: a word boundary that does not strand a function word
+        ("Please remember your passport and your ticket tomorrow.", "Please remember your passport"),
+        ("Seventeen enormous elephants quietly wandered northwards today.", "Seventeen enormous elephants quietly"),
+    ],
+)
+def test_a_long_first_clause_is_capped_without_stranding_a_word(text: str, first: str) -> None:
     # TTFB: the first segment's front part runs before any audio, so it is kept short.
-    assert offline("I found three flights to Denver tomorrow morning, and the earliest one leaves at seven.")[0] == (
-        "I found three flights to Denver"
-    )
-    assert offline("Sure, I can move your appointment to Thursday at three in the afternoon.")[0] == (
-        "Sure, I can move your appointment"
-    )
-    # a short clause inside the cap is preferred over a word cut
-    assert offline("Hello there, my friend, how are you doing today?")[0] == "Hello there, my friend,"
+    assert offline(text)[0] == first
+    assert streamed(list(text))[0] == first
+
+
+def test_a_short_clause_inside_the_cap_is_preferred_over_a_word_cut() -> None:
+    assert offline("Hello there, my friend, how are you doing today?") == [
+        "Hello there,",
+        "my friend, how are you doing today?",
+    ]
+    text = "Early yesterday at noon, my friend, we all went to the market by the river."
+    assert offline(text)[0] == "Early yesterday at noon, my friend,"
     # later segments are not capped
     assert offline("Okay. " + "This second sentence is much longer than forty characters in all.")[1].endswith("all.")
 
@@ -173,3 +247,20 @@ def test_flush_cuts_everything() -> None:
 
 def test_fragments_below_min_chars_wait() -> None:
     assert offline("A. B. Cat sat.", SegmenterOptions(min_chars=3)) == ["A. B. Cat sat."]
+
+
+@pytest.mark.parametrize(
+    ("pending", "cut", "left"),
+    [
+        ("I think that the best way to go abo", "I think that the best way to go", "abo"),  # unfinished word kept
+        ("Your order shipped yesterday from our ", "Your order shipped yesterday", "from our "),
+        ("and then the ", "", "and then the "),  # nothing but function words: wait
+        ("Well then", "", "Well then"),  # too few words
+    ],
+)
+def test_cut_words_does_not_strand_a_function_word(pending: str, cut: str, left: str) -> None:
+    # The scheduler's cut when a slow LLM would leave the listener in silence.
+    seg = Segmenter()
+    assert seg.push(pending) == []
+    assert seg.cut_words(3) == ([cut] if cut else [])
+    assert seg.pending == left

