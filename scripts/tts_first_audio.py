@@ -13,9 +13,13 @@ first ``LLMTextFrame`` entering the TTS service to the first ``TTSAudioRawFrame`
   aggregation) runs in the same run, reply by reply interleaved with streamvox, so both see the
   same machine load.
 
+Also printed: the first *voiced* sample (the first frame's time plus the audio's leading
+silence, as a player that starts at the first frame plays it).
+
 Intelligibility (``--no-wer`` skips it): every streamvox reply's audio, as it came out of the
 pipeline, is transcribed by Whisper tiny.en and compared with the same reply rendered sentence by
-sentence (one context per sentence, so no cut other than the sentence ends) on the same server.
+sentence (``tests.tts_service.renders``: one context per sentence, so no cut other than the
+sentence ends) on the same server; numbers count however Whisper writes them.
 Replies are grouped by how they open (a short opening clause, an opening sentence, none): the
 first-segment policy treats them differently.
 """
@@ -71,6 +75,7 @@ class Turn:
     kind: str
     text: str
     first_audio_ms: float
+    first_voiced_ms: float  # + the leading silence of the audio, played from its first frame
     audio_s: float
     transcript: str = ""
     wer: float | None = None
@@ -161,22 +166,19 @@ def piper_service():
 # ---------------------------------------------------------------- sentence-by-sentence reference
 
 
-def sentences(text: str) -> list[str]:
-    return [s for s in re.split(r"(?<=[.!?])\s+", text) if s]
+async def render_references(url: str, texts: list[str]) -> list[np.ndarray]:
+    from tests.tts_service.renders import render_sentences
+    from tts_service.client import TTSClient
 
-
-async def render_sentences(url: str, text: str) -> np.ndarray:
-    """The reply rendered one sentence per context (only sentence-end cuts), 0.2 s apart."""
-    from tts_service.client import AudioFrame, TTSClient
-
-    parts: list[np.ndarray] = []
     async with TTSClient(url) as client:
-        for sentence in sentences(text):
-            ctx = await client.open(text=sentence, sample_rate=RATE, pace=False)
-            await ctx.end()
-            pcm = b"".join([item.pcm async for item in ctx if isinstance(item, AudioFrame)])
-            parts += [np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, np.zeros(RATE // 5, np.float32)]
-    return np.concatenate(parts)
+        return [await render_sentences(client, text) for text in texts]
+
+
+def first_voiced_s(pcm: bytes, threshold: float = 0.02) -> float:
+    """Offset of the first sample above -34 dBFS: the leading silence a listener waits through."""
+    audio = np.abs(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
+    above = np.flatnonzero(audio > threshold)
+    return float(above[0]) / RATE if above.size else 0.0
 
 
 def whisper_model():
@@ -206,6 +208,7 @@ def report(result: Result) -> None:
         print(f"  all replies          {_stats([t.first_audio_ms for t in turns])}")
         for kind in ("clause", "sentence", "none"):
             print(f"  opening: {kind:<11} {_stats([t.first_audio_ms for t in turns if t.kind == kind])}")
+        print(f"  first voiced sample  {_stats([t.first_voiced_ms for t in turns])}")
     streamed = [t.wer for t in result.turns if t.service == "streamvox" and t.wer is not None]
     if streamed:
         mean_s, mean_r = statistics.fmean(streamed), statistics.fmean(result.sentence_wer)
@@ -244,22 +247,24 @@ async def main(argv: list[str] | None = None) -> int:
         audio: list[np.ndarray] = []
         for name, run in zip(services, runs, strict=True):
             for (kind, text), (first_s, pcm) in zip(chosen, run, strict=True):
-                result.turns.append(Turn(name, kind, text, 1000 * first_s, len(pcm) / 2 / RATE))
+                voiced_s = first_s + first_voiced_s(pcm)
+                result.turns.append(Turn(name, kind, text, 1000 * first_s, 1000 * voiced_s, len(pcm) / 2 / RATE))
                 if name == "streamvox":
                     audio.append(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
-        references = [] if args.no_wer else [await render_sentences(server.ws_url, text) for text in texts]
+        references = [] if args.no_wer else await render_references(server.ws_url, texts)
 
     if references:
-        from tests.tts_service.tts_helpers import transcribe, wer
+        from tests.tts_service.renders import reply_wer
+        from tests.tts_service.tts_helpers import transcribe
 
         model = whisper_model()
         streamed = [t for t in result.turns if t.service == "streamvox"]
         for turn, clip, ref in zip(streamed, audio, references, strict=True):
             turn.transcript = transcribe(model, clip, RATE)
-            turn.wer = wer(turn.text, turn.transcript)
+            turn.wer = reply_wer(turn.text, turn.transcript)
             reference_transcript = transcribe(model, ref, RATE)
             result.sentence_transcripts.append(reference_transcript)
-            result.sentence_wer.append(wer(turn.text, reference_transcript))
+            result.sentence_wer.append(reply_wer(turn.text, reference_transcript))
     report(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
