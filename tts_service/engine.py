@@ -1,15 +1,16 @@
 """The Piper engine: pure compute, no asyncio, no sockets, no clocks.
 
-``prepare(text, voice)`` runs the front part of the split graph (phonemes -> latent frames and
-durations) and maps durations back to word timings. ``decode(windows)`` runs the back part
-(flow + vocoder) over windows of latent frames, from any number of streams in one call.
+``prepare(text, voice)`` runs the front part of the split graph (phonemes -> text encoder,
+durations and flow -> the decoder's input frames) and maps durations back to word timings.
+``decode(windows)`` runs the back part (the HiFi-GAN decoder alone) over windows of latent
+frames, from any number of streams in one call.
 
-Why windows with context: the flow and the vocoder are stacks of convolutions, so each output
-sample depends on a few dozen latent frames around it. Decoding ``[start, end)`` with
-``context`` extra frames on both sides and keeping only the middle reproduces a whole-utterance
-decode (measured with the voice's noise scales over 30 segments: max abs difference 4.7e-3 at 24
-frames of context, < 1e-4 at 28). A small first window
-gives a fast first byte; later, larger windows amortise the context overhead.
+Why windows with context: the decoder is a stack of convolutions, so each output sample depends
+on a few latent frames around it (its receptive field, read from the graph for each voice and
+confirmed at load: :mod:`tts_service.receptive`). Decoding ``[start, end)`` with exactly that
+many extra frames on each side and keeping only the middle reproduces a whole-segment decode
+(the tests hold it to 1e-6; on the bundled voice it is bit for bit). A small first window gives
+a fast first byte; later, larger windows amortise the context.
 
 Windows of equal padded length are stacked into one batch; different lengths run as separate
 calls. Padding to a common length would change the convolutions' edge behaviour for windows
@@ -28,12 +29,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .voices import DURATIONS, MASK, Z_P, VoiceError, VoiceFiles, split_voice
+from .receptive import Reach, UnsupportedGraph, graph_reach, measure_reach
+from .voices import BACK_OUTPUT, DEC_IN, DURATIONS, VoiceError, VoiceFiles, split_voice
 
 log = logging.getLogger(__name__)
 
 HOP = 256  # audio samples per latent frame in Piper's VITS voices
-CONTEXT_FRAMES = 28  # 24 exceeded the 2e-3 tolerance on some segments
+# onnxruntime's CPU convolutions take another code path for inputs of 64 frames or fewer, whose
+# sums differ from a long input's by up to ~1e-6 (measured on every layer of the joe voice, 1 and
+# 2 threads, every optimisation level). Every decoded span is widened with real neighbouring
+# frames to at least this, so a window equals a whole decode bit for bit. It costs little: a
+# span of 65 frames takes ~2.4x a 28-frame one, and the first window of a stream (no left context)
+# may then hold MIN_SPAN - right-context frames of audio for the price of a 6-frame one.
+MIN_SPAN = 65
 DEFAULT_GAIN = 1.5  # raw peaks sit near 0.5-0.7; piper normalises per sentence, which needs the whole sentence
 _WORD_RE = re.compile(r"\S+")
 _SPEAKABLE_RE = re.compile(r"\w")
@@ -46,14 +54,13 @@ class Prepared:
     """One synthesis segment after the front part: ready for windowed decoding."""
 
     text: str
-    z_p: np.ndarray  # [1, 192, T] float32, latent frames before the flow
-    mask: np.ndarray  # [1, 1, T] float32
+    z: np.ndarray  # [1, C, T] float32: the decoder's input (flow output times the mask)
     words: list[tuple[str, float, float]]  # (word, start_s, end_s) from the segment's start
     voice: str
 
     @property
     def frames(self) -> int:
-        return int(self.z_p.shape[2])
+        return int(self.z.shape[2])
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,7 @@ class _Voice:
     id_map: dict[str, list[int]]
     scales: np.ndarray
     sample_rate: int
+    reach: Reach  # decoder context per window side, from the graph, confirmed at load
     word_cache: dict[str, int] = field(default_factory=dict)
 
 
@@ -87,7 +95,6 @@ class PiperEngine:
         threads: int | None = None,
         gain: float = DEFAULT_GAIN,
         noise_scale: float | None = None,
-        context: int = CONTEXT_FRAMES,
     ) -> None:
         import onnxruntime as ort
 
@@ -103,7 +110,6 @@ class PiperEngine:
         self.threads = threads
         self.gain = gain
         self.noise_scale = noise_scale
-        self.context = context
         self.voices: dict[str, _Voice] = {}
         self.default_voice: str | None = None
         self._phonemizer = None
@@ -123,14 +129,16 @@ class PiperEngine:
         inf = cfg.get("inference", {})
         noise = inf.get("noise_scale", 0.667) if self.noise_scale is None else self.noise_scale
         scales = np.array([noise, inf.get("length_scale", 1.0), inf.get("noise_w", 0.8)], dtype=np.float32)
+        back = self._session(files.back_path)
         voice = _Voice(
             files=files,
             front=self._session(files.front_path),
-            back=self._session(files.back_path),
+            back=back,
             espeak_voice=cfg.get("espeak", {}).get("voice", "en-us"),
             id_map=cfg["phoneme_id_map"],
             scales=scales,
             sample_rate=int(cfg["audio"]["sample_rate"]),
+            reach=self._decoder_reach(files, back),
         )
         if self.voices and voice.sample_rate != self.sample_rate:
             raise VoiceError(
@@ -155,6 +163,38 @@ class PiperEngine:
             ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         )
         return self._ort.InferenceSession(str(path), opts, providers=providers)
+
+    def _decoder_reach(self, files: VoiceFiles, back) -> Reach:
+        """The decoder's receptive field: read from its graph, then checked on the running session.
+
+        Perturbing one input frame shows which output frames move; if that is wider than the
+        graph reading (a node we read wrongly), the measurement wins and we say so. If the graph
+        cannot be read at all, the measurement alone is used.
+        """
+        import onnx
+
+        channels = int(back.get_inputs()[0].shape[1])
+
+        def run(x: np.ndarray) -> np.ndarray:
+            return back.run(None, {DEC_IN: x})[0]
+
+        measured = measure_reach(run, channels, HOP)
+        try:
+            computed, rate = graph_reach(onnx.load(str(files.back_path)).graph, DEC_IN, BACK_OUTPUT)
+        except UnsupportedGraph as exc:
+            log.warning("%s: decoder context measured only (%s): %s", files.name, exc, measured)
+            return measured
+        if rate != HOP:
+            raise VoiceError(f"{files.name}: the decoder makes {rate} samples per frame; streamvox expects {HOP}")
+        if measured.left > computed.left or measured.right > computed.right:
+            log.warning("%s: measured decoder context %s exceeds the graph's %s", files.name, measured, computed)
+            return Reach(max(measured.left, computed.left), max(measured.right, computed.right))
+        return computed
+
+    @property
+    def context(self) -> int:
+        """The widest context per window side over the loaded voices (the scheduler's cost model)."""
+        return max((max(v.reach.left, v.reach.right) for v in self.voices.values()), default=0)
 
     def _warm_up(self, voice: str) -> None:
         """First runs allocate arenas and pick kernels; do it before serving real users."""
@@ -207,20 +247,14 @@ class PiperEngine:
             return None
         ids = _phonemes_to_ids(phonemes, v.id_map)
         x = np.asarray([ids], dtype=np.int64)
-        z_p, mask, durations = v.front.run(
-            [Z_P, MASK, DURATIONS],
+        z, durations = v.front.run(
+            [DEC_IN, DURATIONS],
             {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": v.scales},
             run_options,
         )
         durations = durations.reshape(-1)
         words = self._word_times(v, text, phonemes, durations)
-        return Prepared(
-            text=text,
-            z_p=z_p.astype(np.float32, copy=False),
-            mask=mask.astype(np.float32, copy=False),
-            words=words,
-            voice=name,
-        )
+        return Prepared(text=text, z=z.astype(np.float32, copy=False), words=words, voice=name)
 
     def _word_times(
         self, v: _Voice, text: str, phonemes: list[str], durations: np.ndarray
@@ -283,18 +317,32 @@ class PiperEngine:
         for i, w in enumerate(windows):
             if not 0 <= w.start < w.end <= w.prepared.frames:
                 raise ValueError(f"window [{w.start}, {w.end}) outside 0..{w.prepared.frames}")
-            lo, hi = max(0, w.start - self.context), min(w.prepared.frames, w.end + self.context)
+            lo, hi = self._span(w)
             spans.append((lo, hi))
             groups[(w.prepared.voice, hi - lo)].append(i)
         for (voice, _), members in groups.items():
-            z = np.concatenate([windows[i].prepared.z_p[:, :, spans[i][0] : spans[i][1]] for i in members])
-            m = np.concatenate([windows[i].prepared.mask[:, :, spans[i][0] : spans[i][1]] for i in members])
-            audio = self.voices[voice].back.run(None, {Z_P: z, MASK: m}, run_options)[0].reshape(len(members), -1)
+            z = np.concatenate([windows[i].prepared.z[:, :, spans[i][0] : spans[i][1]] for i in members])
+            audio = self.voices[voice].back.run(None, {DEC_IN: z}, run_options)[0].reshape(len(members), -1)
             for row, i in enumerate(members):
                 w, lo = windows[i], spans[i][0]
                 chunk = audio[row, (w.start - lo) * HOP : (w.end - lo) * HOP] * self.gain
                 results[i] = np.clip(chunk, -1.0, 1.0).astype(np.float32, copy=False)
         return results  # type: ignore[return-value]
+
+    def _span(self, w: Window) -> tuple[int, int]:
+        """Frames to decode for ``w``: its receptive field, widened with real frames to ``MIN_SPAN``."""
+        reach, frames = self.voices[w.prepared.voice].reach, w.prepared.frames
+        lo, hi = max(0, w.start - reach.left), min(frames, w.end + reach.right)
+        short = MIN_SPAN - (hi - lo)
+        if short > 0:
+            grown = min(frames, hi + short)
+            lo, hi = max(0, lo - (short - (grown - hi))), grown
+        return lo, hi
+
+    def free_frames(self, voice: str | None = None) -> int:
+        """The largest first window (from frame 0) that costs no more than the smallest one."""
+        v = self.voices[self.resolve(voice)]
+        return MIN_SPAN - v.reach.right
 
     def decode_whole(self, prepared: Prepared) -> np.ndarray:
         """Whole-segment decode: the batch baseline, and the reference in tests."""

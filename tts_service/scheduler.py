@@ -66,7 +66,7 @@ class SchedulerOptions:
     max_jobs: int = 8  # per tick; bounds a tick's duration, hence cancel and TTFB latency
     max_tick_frames: int = 200  # latent frames (with context) per tick, start-up work exempt
     startup_s: float = 0.3  # a stream with less audio than this computed is starting up
-    context_frames: int = 28  # the engine's context per window side; set from the engine by the runtime
+    context_frames: int = 11  # the engine's context per window side; set from the engine by the runtime
     capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
     first_cut_s: float = 0.4  # text without a boundary for this long is cut at a word (see _starving)

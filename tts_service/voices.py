@@ -1,12 +1,15 @@
 """Finding, splitting and caching Piper voices.
 
 A Piper ONNX graph renders a whole sentence in one call, so its first sample waits for its
-last. We cut the graph in two at load time: a *front* part (phoneme ids -> latent frames z_p,
-their mask, and per-phoneme durations) and a *back* part (flow + HiFi-GAN vocoder: latent
-frames -> 256 samples each). The back part is convolutional, so it can run over short windows
-of latent frames with some context on each side and give the same audio as one whole decode;
-that is what makes real streaming possible. Splitting is slow (seconds), so the two parts are
-cached on disk keyed by the model file's hash.
+last. We cut the graph in two at load time, at the vocoder's input: a *front* part (phoneme ids
+-> text encoder, durations, flow -> the decoder's input ``z``, plus per-phoneme durations) and a
+*back* part (the HiFi-GAN decoder alone: latent frames -> 256 samples each). The back part is
+convolutional, so it runs over short windows of latent frames with a few frames of context on
+each side and gives exactly the audio of one whole decode; that is what makes real streaming
+possible. The flow runs in the front part, once per segment: its receptive field (+-32 frames)
+is three times the decoder's (+-11), so windowing it too paid ~40 % more per audio second.
+Splitting is slow (seconds), so the two parts are cached on disk keyed by the model file's hash
+and the split point (a cache made for another split point is never reused).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# Tensor names of the split points in graphs exported by piper's VITS exporter.
+# Tensor names of the split point in graphs exported by piper's VITS exporter: the decoder's
+# input (flow output times the mask; it feeds /dec/conv_pre) and the per-phoneme durations.
 FRONT_INPUTS = ["input", "input_lengths", "scales"]
-Z_P, MASK, DURATIONS = "/Add_output_0", "/Cast_2_output_0", "/Ceil_output_0"
+DEC_IN, DURATIONS = "/Mul_7_output_0", "/Ceil_output_0"
 BACK_OUTPUT = "output"
+SPLIT_TAG = hashlib.sha256(f"{FRONT_INPUTS}->{DEC_IN},{DURATIONS}->{BACK_OUTPUT}".encode()).hexdigest()[:8]
 DEFAULT_VOICE_ENV = "STREAMVOX_VOICE_PATH"
 CACHE_ENV = "STREAMVOX_CACHE_DIR"
 
@@ -102,12 +107,12 @@ def locate(model_path: str | os.PathLike[str]) -> tuple[Path, Path, dict]:
 def split_voice(model_path: str | os.PathLike[str], *, cache: Path | None = None, progress=print) -> VoiceFiles:
     """Split a Piper voice into front/back ONNX parts, reusing cached parts when present."""
     model, config_path, cfg = locate(model_path)
-    target = (cache or cache_dir()) / f"{voice_name(model)}-{_file_hash(model)}"
+    target = (cache or cache_dir()) / f"{voice_name(model)}-{_file_hash(model)}-{SPLIT_TAG}"
     front, back = target / "front.onnx", target / "back.onnx"
     if front.is_file() and back.is_file():
         log.info("using cached split of %s in %s", model.name, target)
     else:
-        progress(f"splitting {model.name} at the vocoder input (once; cached in {target}) ...")
+        progress(f"splitting {model.name} at the decoder input (once; cached in {target}) ...")
         _extract(model, target, front, back)
     return VoiceFiles(voice_name(model), model, config_path, front, back, cfg)
 
@@ -118,7 +123,7 @@ def _extract(model: Path, target: Path, front: Path, back: Path) -> None:
 
     graph = onnx.load(str(model), load_external_data=False).graph
     produced = {out for node in graph.node for out in node.output}
-    missing = [name for name in (Z_P, MASK, DURATIONS) if name not in produced]
+    missing = [name for name in (DEC_IN, DURATIONS) if name not in produced]
     inputs = {i.name for i in graph.input}
     if missing or not set(FRONT_INPUTS) <= inputs:
         raise VoiceError(
@@ -129,8 +134,8 @@ def _extract(model: Path, target: Path, front: Path, back: Path) -> None:
     # Write to temporary names and rename, so a crash never leaves a half-written cache entry.
     tmp_front, tmp_back = target / f"front.{os.getpid()}.tmp", target / f"back.{os.getpid()}.tmp"
     try:
-        extract_model(str(model), str(tmp_front), FRONT_INPUTS, [Z_P, MASK, DURATIONS])
-        extract_model(str(model), str(tmp_back), [Z_P, MASK], [BACK_OUTPUT])
+        extract_model(str(model), str(tmp_front), FRONT_INPUTS, [DEC_IN, DURATIONS])
+        extract_model(str(model), str(tmp_back), [DEC_IN], [BACK_OUTPUT])
     except Exception as exc:  # onnx raises assorted types
         for tmp in (tmp_front, tmp_back):
             tmp.unlink(missing_ok=True)

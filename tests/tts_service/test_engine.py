@@ -1,4 +1,4 @@
-"""The Piper engine with the real bundled voice: windowed decoding, word timings, odd text."""
+"""The Piper engine with the real bundled voice: exact windowed decoding, word timings, odd text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from tests.tts_service.tts_helpers import rms
-from tts_service.engine import HOP, PiperEngine, Prepared, Window
+from tts_service.engine import HOP, MIN_SPAN, PiperEngine, Prepared, Window
+from tts_service.receptive import graph_reach, measure_reach
+from tts_service.voices import BACK_OUTPUT, DEC_IN
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -17,7 +19,7 @@ SENTENCES = [
     "She sells sea shells by the sea shore, and the shells she sells are surely sea shells!",
     "Okay, let me check that for you; it will only take a moment.",
 ]
-TOLERANCE = 2e-3  # of full scale
+TOLERANCE = 1e-6  # of full scale: windows of the decoder alone are exact (bit for bit here)
 
 
 def schedule(frames: int, sizes: tuple[int, ...] = (6, 12, 24, 48, 64)) -> list[tuple[int, int]]:
@@ -70,6 +72,30 @@ def test_batched_windows_of_several_streams_equal_whole(
     p = prepared[0]
     a, b = engine.decode([Window(p, 64, 128), Window(p, 64, 128)])
     np.testing.assert_array_equal(a, b)
+
+
+def test_decoder_context_is_read_from_the_graph_and_confirmed(engine: PiperEngine) -> None:
+    """The joe voice ("medium": upsampling 8, 8, 4) needs 11 frames each side; the graph reading
+    and a perturbation of the running session agree, and the engine uses that, not a constant."""
+    import onnx
+
+    v = engine.voices[engine.default_voice]
+    computed, rate = graph_reach(onnx.load(str(v.files.back_path)).graph, DEC_IN, BACK_OUTPUT)
+    measured = measure_reach(lambda x: v.back.run(None, {DEC_IN: x})[0], 192, HOP)
+    assert rate == HOP
+    assert (computed.left, computed.right) == (measured.left, measured.right) == (11, 11)
+    assert v.reach == computed and engine.context == 11
+    assert engine.free_frames() == MIN_SPAN - 11
+
+
+def test_windows_of_the_scheduler_plan_and_odd_cuts_are_exact(engine: PiperEngine) -> None:
+    """Any cut of a segment (1-frame windows, cuts near both ends) reproduces the whole decode."""
+    p = engine.prepare("Thanks for calling today. Is there anything else I can help you with?")
+    assert p is not None
+    ref = engine.decode_whole(p)
+    cuts = [0, 1, 2, 13, 40, 41, 100, p.frames - 12, p.frames - 1, p.frames]
+    chunks = [engine.decode([Window(p, a, b)])[0] for a, b in itertools.pairwise(cuts)]
+    assert np.max(np.abs(np.concatenate(chunks) - ref)) <= TOLERANCE
 
 
 def test_small_first_window(engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]) -> None:

@@ -22,8 +22,7 @@ def make_prepared(text: str, frames: int | None = None) -> Prepared:
     step = frames * HOP / SR / len(words)
     return Prepared(
         text=text,
-        z_p=np.zeros((1, 192, frames), dtype=np.float32),
-        mask=np.ones((1, 1, frames), dtype=np.float32),
+        z=np.zeros((1, 192, frames), dtype=np.float32),
         words=[(w, i * step, (i + 0.8) * step) for i, w in enumerate(words)],
         voice="v",
     )
