@@ -1,0 +1,22 @@
+"""Fixtures of the deploy suite: the real voice behind a real server, to check manifests against."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.tts_service.tts_helpers import RunningServer, running_server
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from tts_service.cli import load_engine
+
+    return load_engine([], progress=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+async def deploy_server(engine) -> AsyncIterator[RunningServer]:
+    async with running_server(engine) as srv:
+        yield srv
