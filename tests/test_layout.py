@@ -126,7 +126,6 @@ def test_nothing_outside_pipelines_imports_it():
     assert bad == []
 
 
-@pytest.mark.xfail(strict=True, reason="pipecat_agent <-> pipecat_room: being untangled (issue 10 item 5)")
 def test_pipelines_modules_do_not_import_each_other_in_a_circle():
     graph: dict[str, set[str]] = {}
     for path in _files("pipelines"):

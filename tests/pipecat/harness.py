@@ -206,11 +206,11 @@ async def room_server(config) -> AsyncIterator[tuple[str, list]]:
     """The agent's demo room (``pipelines.pipecat_room``) under uvicorn on loopback: (base URL, agents)."""
     import uvicorn
 
-    from pipelines.pipecat_room import build_room_app
+    from pipelines.pipecat_agent import room_app
 
     agents: list = []
     port = free_port()
-    app = build_room_app(config, on_agent=agents.append)
+    app = room_app(config, on_agent=agents.append)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -140,6 +140,6 @@ async def test_phone_call_answers_and_clears_on_barge_in(engine):
     assert agents[0].tts.stats.connections == 1 and agents[0].tts.stats.cancel_acks >= 1
     print(
         f"clear {1000 * (cleared - barge_at):.0f} ms after the caller's barge-in started "
-        f"(VAD onset included); figures: {agents[0].figures.bargein_ms}"
+        f"(VAD onset included); figures: {agents[0].figures.bargeins}"
     )
     assert np.isfinite(first_audio)

@@ -1,0 +1,186 @@
+"""The server's side of each turn, stage by stage: one INFO line in the terminal, one message to the page.
+
+Why stage times and not one "voice to voice" figure: the server cannot see the caller's ear. What
+it can say truthfully is when each stage finished, counted from the caller's speech end *as its
+VAD saw it* (the VAD's stop time minus the silence it waited for). The page measures the rest
+(uplink, browser jitter buffer, playout) from the audio itself and shows both side by side.
+
+A caller turn (``kind: "turn"``), ms after the caller's speech end:
+
+* ``vad_stop``: the VAD declared the speech over (its ``stop_secs`` of silence);
+* ``stt_final``: the last final transcript of the turn;
+* ``end_of_turn``: the user aggregator decided the turn was over (``UserStoppedSpeakingFrame``);
+* ``llm_first_token``: the LLM's first text;
+* ``tts_first_audio``: the first audio frame out of the TTS service;
+* ``transport_first_audio``: the output transport started sending it (``BotStartedSpeakingFrame``);
+* ``tts_ttfb``: the TTS service's own first text -> first audio (a duration, not an offset).
+
+A barge-in (``kind: "barge-in"``), ms after the caller's speech onset (VAD start minus its
+``start_secs``): ``vad_start``, ``interruption``, ``bot_stopped`` (the output transport flushed
+and stopped), and ``cancel_ack`` (the TTS server's acknowledgement of the cancel, a duration).
+
+The timestamps are the pipeline clock stamped when each frame was pushed, not the time this
+observer (which runs from a queue) gets to see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    Frame,
+    InterruptionFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.processors.frame_processor import FrameDirection
+
+# Field order and the words the terminal line uses for them.
+TURN_STAGES = {
+    "vad_stop": "VAD stop",
+    "stt_final": "STT final",
+    "end_of_turn": "end of turn",
+    "llm_first_token": "LLM first token",
+    "tts_first_audio": "TTS first audio",
+    "transport_first_audio": "first audio to the transport",
+}
+BARGE_IN_STAGES = {"vad_start": "VAD start", "interruption": "interruption", "bot_stopped": "bot audio stopped"}
+ACK_WAIT_S = 1.5  # the ack normally comes in a few ms; the service itself gives up after 1 s
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _ms(seconds: float) -> float:
+    return round(1000 * seconds, 1)
+
+
+def describe(figures: dict[str, Any]) -> str:
+    """The terminal line of one turn or barge-in message."""
+    if figures["kind"] == "turn":
+        stages, origin = TURN_STAGES, "the caller's speech end"
+    else:
+        stages, origin = BARGE_IN_STAGES, "the caller's speech onset"
+    parts = [f"{words} +{figures[key]:.0f}" for key, words in stages.items() if figures.get(key) is not None]
+    line = f"{figures['kind']} {figures['n']}: ms after {origin} (server clock): " + ", ".join(parts)
+    if figures.get("tts_ttfb") is not None:
+        line += f"; TTS first text -> first audio {figures['tts_ttfb']:.0f} ms"
+    if figures["kind"] == "barge-in":
+        ack = figures.get("cancel_ack")
+        line += f"; TTS cancel -> ack {ack:.1f} ms" if ack is not None else "; no TTS cancel acknowledged"
+    return line
+
+
+@dataclass(eq=False)  # observers are kept in sets: identity hash
+class StageFigures(BaseObserver):
+    """Observes the pipeline; logs and sends (``send``, e.g. RTVI ``send_server_message``) each turn."""
+
+    tts: Any = None  # the StreamvoxTTSService (its frames and its cancel-ack stats)
+    send: Send | None = None
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    bargeins: list[dict[str, Any]] = field(default_factory=list)
+    _turn: dict[str, float] | None = None  # the caller turn being answered: absolute times (s)
+    _barge: dict[str, float] | None = None
+    _bot_speaking: bool = False
+    _ttfb_s: float | None = None
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        if not data.first_push:  # a frame is pushed once per processor: count it once
+            return
+        if frame.broadcast_sibling_id is not None and data.direction != FrameDirection.DOWNSTREAM:
+            return  # broadcast frames travel both ways: the downstream copy stands for both
+        await self._on_frame(frame, data.timestamp / 1e9, data.source)
+
+    async def _on_frame(self, frame: Frame, now: float, source: Any) -> None:
+        turn = self._turn
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            if turn is None or "end_of_turn" in turn:
+                turn = self._turn = {}
+            # the caller's last speech end before the turn is decided; earlier pauses are overwritten
+            turn.update(origin=now - frame.stop_secs, vad_stop=now)
+        elif isinstance(frame, TranscriptionFrame) and turn is not None and "llm_first_token" not in turn:
+            turn["stt_final"] = now
+        elif isinstance(frame, UserStoppedSpeakingFrame) and turn is not None:
+            turn.setdefault("end_of_turn", now)
+        elif isinstance(frame, LLMTextFrame) and turn is not None and "end_of_turn" in turn:
+            turn.setdefault("llm_first_token", now)
+        elif isinstance(frame, TTSAudioRawFrame):
+            if turn is not None and "end_of_turn" in turn and source is self.tts:
+                turn.setdefault("tts_first_audio", now)
+        elif isinstance(frame, MetricsFrame):
+            for d in frame.data:
+                tts_name = self.tts.name if self.tts is not None else None
+                if isinstance(d, TTFBMetricsData) and d.value > 0 and d.processor == tts_name:
+                    self._ttfb_s = d.value
+        elif isinstance(frame, VADUserStartedSpeakingFrame):
+            if self._bot_speaking and self._barge is None:
+                acks = float(self.tts.stats.cancel_acks) if self.tts is not None else 0.0
+                self._barge = {"origin": now - frame.start_secs, "vad_start": now, "acks": acks}
+        elif isinstance(frame, InterruptionFrame) and self._barge is not None:
+            self._barge.setdefault("interruption", now)
+        elif isinstance(frame, BotStartedSpeakingFrame):
+            self._bot_speaking = True
+            if turn is not None and "end_of_turn" in turn:
+                turn["transport_first_audio"] = now
+                self._turn = None
+                await self._report_turn(turn)
+        elif isinstance(frame, BotStoppedSpeakingFrame):
+            self._bot_speaking = False
+            if self._barge is not None:
+                barge, self._barge = self._barge, None
+                barge["bot_stopped"] = now
+                task = asyncio.create_task(self._report_barge_in(barge))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _report_turn(self, turn: dict[str, float]) -> None:
+        origin = turn["origin"]
+        figures: dict[str, Any] = {"kind": "turn", "n": len(self.turns) + 1}
+        figures.update({k: _ms(turn[k] - origin) if k in turn else None for k in TURN_STAGES})
+        figures["tts_ttfb"] = _ms(self._ttfb_s) if self._ttfb_s is not None else None
+        self._ttfb_s = None
+        self.turns.append(figures)
+        await self._publish(figures)
+
+    async def _report_barge_in(self, barge: dict[str, float]) -> None:
+        origin = barge["origin"]
+        figures: dict[str, Any] = {"kind": "barge-in", "n": len(self.bargeins) + 1}
+        figures.update({k: _ms(barge[k] - origin) if k in barge else None for k in BARGE_IN_STAGES})
+        figures["cancel_ack"] = None
+        stats = self.tts.stats if self.tts is not None else None
+        if stats is not None:
+            # the service counts acks but offers no event for them: look every 20 ms
+            for _ in range(int(ACK_WAIT_S / 0.02)):
+                if stats.cancel_acks > barge["acks"]:
+                    break
+                await asyncio.sleep(0.02)
+            if stats.cancel_acks > barge["acks"] and stats.cancel_ack_latency_s:
+                figures["cancel_ack"] = _ms(stats.cancel_ack_latency_s[-1])
+        self.bargeins.append(figures)
+        await self._publish(figures)
+
+    async def _publish(self, figures: dict[str, Any]) -> None:
+        logger.info(describe(figures))
+        if self.send is None:
+            return
+        try:
+            await self.send({"type": "streamvox-figures", **figures})
+        except Exception as exc:  # the page may be gone; the terminal line is already out
+            logger.debug(f"figures not sent to the page: {exc}")

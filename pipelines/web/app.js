@@ -1,0 +1,555 @@
+// The streamvox demo page: plain JS over the browser's own RTCPeerConnection, nothing loaded from
+// any other host (it must work offline). Signalling is Pipecat's SmallWebRTC one, served by
+// pipelines/pipecat_room.py: POST /start -> sessionId, then the SDP offer to
+// /sessions/{id}/api/offer. RTVI messages (transcripts, the words as they are played, the
+// agent's stage times) arrive on the data channel.
+//
+// The page is also the caller's ear: from the audio energy of its own mic and of the agent's
+// track it measures voice-to-voice (end of your speech -> first agent audio) and barge-in (your
+// speech onset -> agent quieter by 20 dB ("yield") -> agent silent). window.streamvox exposes
+// all of it to tests and to scripts/browser_scenario.py.
+"use strict";
+
+// ---------------------------------------------------------------- measurement settings
+// Thresholds on 10 ms RMS frames (dBFS). The agent's track is digital silence between words,
+// so a low threshold is safe there; the mic has a noise floor, hence hold times.
+const MIC_ON_DB = -42; // caller speaking
+const MIC_ON_FRAMES = 3; // 30 ms above the threshold start a caller burst (a click does not)
+const MIC_END_S = 0.5; // a caller burst ends after this much quiet
+const BOT_ON_DB = -50; // agent audible
+const BOT_END_S = 0.6; // longer than the voice's pauses between sentences
+const YIELD_DB = 20; // "yield": the agent this much quieter than just before the onset...
+const YIELD_HOLD_S = 0.15; // ...for at least this long (a pause between words is not a yield)
+const PAIR_WINDOW_S = 3; // a server figure and a page figure this close in time are one turn
+const CHART_S = 10;
+const RTVI_VERSION = "2.2.0";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  connect: $("connect"),
+  disconnect: $("disconnect"),
+  headphones: $("headphones"),
+  state: $("state"),
+  message: $("message"),
+  micBar: $("mic-bar"),
+  botBar: $("bot-bar"),
+  micDb: $("mic-db"),
+  botDb: $("bot-db"),
+  chart: $("chart"),
+  transcript: $("transcript"),
+  turns: document.querySelector("#turns tbody"),
+  botAudio: $("bot-audio"),
+};
+
+// What tests read. Times are on the page's audio clock (seconds, AudioContext.currentTime).
+const svx = {
+  state: "idle",
+  error: null,
+  micStartedAt: null, // getUserMedia resolved (a fake-file microphone starts playing here)
+  records: [], // page-measured turns and barge-ins, each with the server's figures when paired
+  serverFigures: [], // every streamvox-figures message as it arrived
+  transcript: [], // {who: "you"|"agent", text, interrupted, t}
+  botWords: [], // {t, text}: each bot-tts-text word when it arrived
+  rtvi: [], // {t, type}: every RTVI message type, in order
+  botSegments: [], // {start, end}: the agent audible (end null while it still is)
+  micSegments: [], // {start, end}: the caller audible
+  headphones: false,
+  clock: () => (audio.ctx ? audio.ctx.currentTime : null),
+  botAudio, // (from, to) -> base64 of 16 kHz s16le mono: what the agent's track carried
+  // everything above as plain JSON (records hold their table row, which is not data)
+  snapshot: () => JSON.parse(JSON.stringify(svx, (k, v) => (k === "row" ? undefined : v))),
+};
+window.streamvox = svx;
+
+const conn = { pc: null, dc: null, stream: null, ping: null, timeout: null };
+const audio = { ctx: null, node: null, botSource: null, pcm: [] };
+const det = {
+  mic: { on: false, run: 0, runStart: 0, onset: 0, last: -1e9 },
+  bot: { on: false, run: 0, runStart: 0, onset: 0, last: -1e9, stoppedAt: -1e9 },
+  barge: null,
+  recent: [], // {t, botDb} of the last second, for the level before a barge-in
+  interruptedAt: -1e9,
+};
+const chart = { t: [], mic: [], bot: [] };
+const pending = { page: [], server: [] }; // unpaired records, both kinds
+let botLine = null;
+
+// ---------------------------------------------------------------- headphones toggle
+// Default: echo cancellation ON. Measured (docs/BENCHMARKS.md): it costs barge-in time, but on
+// loudspeakers without it the agent hears itself and interrupts itself, which is worse.
+const params = new URLSearchParams(location.search);
+const stored = localStorage.getItem("streamvox.headphones");
+ui.headphones.checked = params.has("headphones") ? params.get("headphones") === "1" : stored === "1";
+ui.headphones.addEventListener("change", () => {
+  localStorage.setItem("streamvox.headphones", ui.headphones.checked ? "1" : "0");
+  if (conn.pc) info("The headphones setting applies from the next Connect.");
+});
+
+// ---------------------------------------------------------------- state and messages
+function setState(state, text) {
+  svx.state = state;
+  ui.state.textContent = text;
+  ui.state.className = "state " + (state === "connected" ? "connected" : state === "failed" ? "failed" : state === "idle" ? "idle" : "working");
+}
+
+function fail(text) {
+  svx.error = text;
+  setState("failed", "failed");
+  ui.message.textContent = text;
+  ui.message.className = "message";
+  ui.message.hidden = false;
+  teardown();
+}
+
+function info(text) {
+  ui.message.textContent = text;
+  ui.message.className = "message info";
+  ui.message.hidden = false;
+}
+
+// ---------------------------------------------------------------- connect
+ui.connect.addEventListener("click", () => {
+  connect().catch((e) => fail(`Unexpected error while connecting: ${e && e.message ? e.message : e}`));
+});
+ui.disconnect.addEventListener("click", () => {
+  teardown();
+  setState("idle", "not connected");
+});
+
+async function connect() {
+  ui.message.hidden = true;
+  svx.error = null;
+  ui.connect.disabled = true;
+  ui.disconnect.disabled = false;
+  svx.headphones = ui.headphones.checked;
+  setState("working", "asking for the microphone…");
+  const processing = !svx.headphones; // the browser's echo cancellation and its companions
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing },
+    });
+  } catch (e) {
+    if (e.name === "NotAllowedError" || e.name === "SecurityError") {
+      return fail("Microphone access was denied. Allow the microphone for this page (the icon at the left of the address bar), then press Connect again.");
+    }
+    if (e.name === "NotFoundError") return fail("No microphone was found. Plug one in, then press Connect again.");
+    return fail(`The microphone could not be opened: ${e.name}: ${e.message}`);
+  }
+  if (!navigator.mediaDevices || !window.RTCPeerConnection) return fail("This browser has no WebRTC.");
+  conn.stream = stream;
+  await startAudio(stream);
+
+  setState("working", "reaching the agent…");
+  let sessionId;
+  try {
+    const r = await fetch("/start", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ createDailyRoom: false, transport: "webrtc" }),
+    });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    sessionId = (await r.json()).sessionId;
+  } catch (e) {
+    return fail(`The agent is not answering at ${location.origin} (${e.message}). Is \`make demo\` still running? Start it and press Connect again.`);
+  }
+
+  const pc = new RTCPeerConnection({ iceServers: [] }); // same host or LAN: no STUN server to ask
+  conn.pc = pc;
+  pc.addTransceiver(stream.getAudioTracks()[0], { direction: "sendrecv" });
+  pc.addTransceiver("video", { direction: "sendrecv" }); // SmallWebRTC's layout: camera video second
+  const dc = pc.createDataChannel("rtvi", { ordered: true });
+  conn.dc = dc;
+  dc.onopen = () => {
+    dc.send(JSON.stringify({
+      label: "rtvi-ai", type: "client-ready", id: crypto.randomUUID(),
+      data: { version: RTVI_VERSION, about: { library: "streamvox-page", library_version: "1" } },
+    }));
+    // SmallWebRTC treats a client that stops pinging for 3 s as gone
+    conn.ping = setInterval(() => dc.readyState === "open" && dc.send("ping"), 1000);
+  };
+  dc.onmessage = (ev) => {
+    if (typeof ev.data !== "string" || !ev.data.startsWith("{")) return;
+    try {
+      onRtvi(JSON.parse(ev.data));
+    } catch (e) {
+      console.warn("unreadable message from the agent", e);
+    }
+  };
+  pc.ontrack = (ev) => {
+    if (ev.track.kind === "audio") attachBot(ev.streams[0] || new MediaStream([ev.track]));
+  };
+  pc.oniceconnectionstatechange = () => {
+    if (pc.iceConnectionState === "failed") {
+      fail("ICE failed: no network path between this browser and the agent. Open the page on the machine that runs the agent (or on its LAN); across the internet WebRTC needs a TURN server, which this demo does not set up.");
+    }
+  };
+  pc.onconnectionstatechange = () => {
+    if (pc.connectionState === "connected") {
+      clearTimeout(conn.timeout);
+      setState("connected", "connected — talk");
+    } else if (pc.connectionState === "disconnected" && svx.state === "connected") {
+      setState("working", "connection interrupted, waiting…");
+    } else if (pc.connectionState === "closed" && svx.state !== "idle" && svx.state !== "failed") {
+      fail("The agent closed the connection.");
+    }
+  };
+
+  setState("working", "connecting…");
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGathered(pc, 2000); // loopback/LAN candidates are there at once; send them in the offer
+  let answer;
+  try {
+    const r = await fetch(`/sessions/${sessionId}/api/offer`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type, pc_id: null, restart_pc: false }),
+    });
+    if (!r.ok) throw new Error(`HTTP ${r.status}: ${(await r.text()).slice(0, 200)}`);
+    answer = await r.json();
+  } catch (e) {
+    return fail(`The agent refused the call (${e.message}).`);
+  }
+  await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type });
+  conn.timeout = setTimeout(() => {
+    if (svx.state !== "connected") fail("No connection to the agent within 15 s (ICE did not complete).");
+  }, 15000);
+}
+
+function iceGathered(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      if (pc.iceGatheringState === "complete") resolve();
+    };
+    pc.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, timeoutMs);
+  });
+}
+
+function teardown() {
+  clearInterval(conn.ping);
+  clearTimeout(conn.timeout);
+  if (conn.dc) conn.dc.onmessage = null;
+  if (conn.pc) {
+    conn.pc.onconnectionstatechange = null;
+    conn.pc.close();
+  }
+  if (conn.stream) conn.stream.getTracks().forEach((t) => t.stop());
+  conn.pc = conn.dc = conn.stream = null;
+  ui.connect.disabled = false;
+  ui.disconnect.disabled = true;
+}
+
+// ---------------------------------------------------------------- audio: levels and recording
+async function startAudio(stream) {
+  if (!audio.ctx) {
+    audio.ctx = new AudioContext({ sampleRate: 48000 });
+    await audio.ctx.audioWorklet.addModule("assets/levels-worklet.js");
+    audio.node = new AudioWorkletNode(audio.ctx, "levels", { numberOfInputs: 2, numberOfOutputs: 1, outputChannelCount: [1] });
+    const mute = audio.ctx.createGain(); // keeps the node pulled by the graph, adds no sound
+    mute.gain.value = 0;
+    audio.node.connect(mute).connect(audio.ctx.destination);
+    audio.node.port.onmessage = (ev) => {
+      const m = ev.data;
+      if (m.pcm) audio.pcm.push({ start: m.start, pcm: m.pcm });
+      else onLevels(m.t, m.mic, m.bot);
+    };
+  }
+  await audio.ctx.resume();
+  svx.micStartedAt = audio.ctx.currentTime;
+  audio.ctx.createMediaStreamSource(stream).connect(audio.node, 0, 0);
+}
+
+function attachBot(stream) {
+  // Chrome hands a remote WebRTC track to WebAudio only while a media element plays it.
+  ui.botAudio.srcObject = stream;
+  ui.botAudio.play().catch((e) => info(`Press anywhere on the page to hear the agent (${e.name}).`));
+  if (audio.botSource) audio.botSource.disconnect();
+  audio.botSource = audio.ctx.createMediaStreamSource(stream);
+  audio.botSource.connect(audio.node, 0, 1);
+}
+
+function botAudio(from, to) {
+  const rate = 16000;
+  const chunks = audio.pcm.filter((c) => c.start + c.pcm.length / rate > from && c.start < to);
+  let n = 0;
+  for (const c of chunks) n += c.pcm.length;
+  const out = new Int16Array(n);
+  let i = 0;
+  for (const c of chunks) {
+    for (const x of c.pcm) out[i++] = Math.max(-32768, Math.min(32767, Math.round(x * 32767)));
+  }
+  let s = "";
+  const bytes = new Uint8Array(out.buffer);
+  for (let k = 0; k < bytes.length; k += 0x8000) s += String.fromCharCode.apply(null, bytes.subarray(k, k + 0x8000));
+  return { start: chunks.length ? chunks[0].start : from, rate, pcm: btoa(s) };
+}
+
+const db = (rms) => (rms > 1e-7 ? 20 * Math.log10(rms) : -140);
+
+function onLevels(t, micRms, botRms) {
+  const micDb = db(micRms);
+  const botDb = db(botRms);
+  chart.t.push(t);
+  chart.mic.push(micDb);
+  chart.bot.push(botDb);
+  while (chart.t.length && chart.t[0] < t - CHART_S) {
+    chart.t.shift();
+    chart.mic.shift();
+    chart.bot.shift();
+  }
+  det.recent.push({ t, botDb });
+  while (det.recent.length && det.recent[0].t < t - 1) det.recent.shift();
+  trackBot(t, botDb);
+  trackMic(t, micDb);
+  trackYield(t, botDb);
+}
+
+function trackBot(t, botDb) {
+  const b = det.bot;
+  if (botDb > BOT_ON_DB) {
+    if (b.run++ === 0) b.runStart = t - 0.01;
+    if (!b.on && b.run >= 2) {
+      b.on = true;
+      b.onset = b.runStart;
+      svx.botSegments.push({ start: b.onset, end: null });
+      onBotStart(b.onset);
+    }
+    b.last = t;
+  } else {
+    b.run = 0;
+    if (b.on && t - b.last >= BOT_END_S) {
+      b.on = false;
+      b.stoppedAt = b.last;
+      svx.botSegments[svx.botSegments.length - 1].end = b.last + 0.01;
+      onBotStop(b.last);
+    }
+  }
+}
+
+function trackMic(t, micDb) {
+  const m = det.mic;
+  if (micDb > MIC_ON_DB) {
+    if (m.run++ === 0) m.runStart = t - 0.01;
+    if (!m.on && m.run >= MIC_ON_FRAMES) {
+      m.on = true;
+      m.onset = m.runStart;
+      svx.micSegments.push({ start: m.onset, end: null });
+      onMicStart(m.onset);
+    }
+    if (m.on) m.last = t;
+  } else {
+    m.run = 0;
+    if (m.on && t - m.last >= MIC_END_S) {
+      m.on = false;
+      svx.micSegments[svx.micSegments.length - 1].end = m.last + 0.01;
+    }
+  }
+}
+
+function onBotStart(t) {
+  const m = det.mic;
+  // a reply: the caller spoke since the agent last stopped and has been quiet for a moment
+  if (m.last > det.bot.stoppedAt && m.last > -1e8 && t - m.last > 0.15) {
+    addPageRecord({ kind: "turn", t, speechEnd: m.last, v2v_ms: ms(t - m.last) });
+  }
+}
+
+function onMicStart(t) {
+  if (det.bot.on && !det.barge) {
+    const before = det.recent.filter((r) => r.t < t && r.botDb > BOT_ON_DB);
+    const pre = before.length ? before.reduce((a, r) => a + r.botDb, 0) / before.length : BOT_ON_DB;
+    det.barge = { onset: t, pre, quietSince: null, yieldAt: null };
+  }
+}
+
+function trackYield(t, botDb) {
+  const g = det.barge;
+  if (!g || g.yieldAt !== null || t < g.onset) return;
+  if (botDb <= g.pre - YIELD_DB) {
+    if (g.quietSince === null) g.quietSince = t - 0.01;
+    if (t - g.quietSince >= YIELD_HOLD_S) g.yieldAt = g.quietSince;
+  } else {
+    g.quietSince = null;
+  }
+}
+
+function onBotStop(last) {
+  const g = det.barge;
+  if (!g) return;
+  det.barge = null;
+  const gone = last + 0.01;
+  addPageRecord({
+    kind: "barge-in",
+    t: gone,
+    onset: g.onset,
+    silence_ms: ms(gone - g.onset),
+    yield_ms: ms((g.yieldAt !== null && g.yieldAt < gone ? g.yieldAt : gone) - g.onset),
+    interrupted: det.interruptedAt >= g.onset - 0.5, // the agent said it was interrupted
+  });
+}
+
+const ms = (s) => Math.round(1000 * s);
+
+// ---------------------------------------------------------------- RTVI messages
+function onRtvi(msg) {
+  const t = svx.clock();
+  svx.rtvi.push({ t, type: msg.type });
+  const data = msg.data || {};
+  switch (msg.type) {
+    case "bot-ready":
+      info("Connected. Say something — or talk over the agent to interrupt it.");
+      break;
+    case "user-transcription":
+      if (data.final && data.text && data.text.trim()) {
+        closeBotLine();
+        addLine("you", data.text.trim(), t);
+      }
+      break;
+    case "bot-started-speaking":
+      closeBotLine();
+      break;
+    case "bot-tts-text":
+      if (data.text) {
+        svx.botWords.push({ t, text: data.text });
+        if (!botLine) botLine = addLine("agent", "", t);
+        botLine.entry.text = (botLine.entry.text + " " + data.text).trim();
+        botLine.li.querySelector(".text").textContent = botLine.entry.text;
+      }
+      break;
+    case "bot-interrupted":
+      det.interruptedAt = t;
+      if (botLine) {
+        botLine.entry.interrupted = true;
+        botLine.li.classList.add("interrupted");
+      }
+      closeBotLine();
+      break;
+    case "bot-stopped-speaking":
+      closeBotLine();
+      break;
+    case "server-message":
+      if (data.type === "streamvox-figures") {
+        svx.serverFigures.push({ ...data, t });
+        pairServer({ ...data, t });
+      }
+      break;
+    case "error":
+      info(`The agent reported an error: ${data.message || data.error || JSON.stringify(data)}`);
+      break;
+    default:
+      break;
+  }
+}
+
+function addLine(who, text, t) {
+  const entry = { who, text, interrupted: false, t };
+  svx.transcript.push(entry);
+  const li = document.createElement("li");
+  li.className = who;
+  li.innerHTML = `<span class="who">${who === "you" ? "you" : "agent"}</span><span class="text"></span>`;
+  li.querySelector(".text").textContent = text;
+  ui.transcript.appendChild(li);
+  ui.transcript.scrollTop = ui.transcript.scrollHeight;
+  return { entry, li };
+}
+
+function closeBotLine() {
+  if (botLine && !botLine.entry.text) {
+    botLine.li.remove();
+    svx.transcript.splice(svx.transcript.indexOf(botLine.entry), 1);
+  }
+  botLine = null;
+}
+
+// ---------------------------------------------------------------- per-turn table
+// The server's message for a turn leaves when its transport starts sending (the page hears it a
+// little later); for a barge-in, once the cancel is acknowledged. Pair each with the nearest
+// page record of the same kind.
+function addPageRecord(rec) {
+  const i = pending.server.findIndex((s) => s.kind === rec.kind && Math.abs(s.t - rec.t) < PAIR_WINDOW_S);
+  if (i >= 0) rec.server = pending.server.splice(i, 1)[0];
+  else pending.page.push(rec);
+  svx.records.push(rec);
+  render(rec);
+}
+
+function pairServer(fig) {
+  const i = pending.page.findIndex((p) => p.kind === fig.kind && Math.abs(p.t - fig.t) < PAIR_WINDOW_S);
+  if (i >= 0) {
+    const rec = pending.page.splice(i, 1)[0];
+    rec.server = fig;
+    render(rec);
+  } else {
+    pending.server.push(fig);
+    setTimeout(() => {
+      const k = pending.server.indexOf(fig);
+      if (k >= 0) { // the page heard nothing it could pair: show the server's side alone
+        pending.server.splice(k, 1);
+        const rec = { kind: fig.kind, t: fig.t, server: fig, unpaired: true };
+        svx.records.push(rec);
+        render(rec);
+      }
+    }, PAIR_WINDOW_S * 1000);
+  }
+}
+
+const STAGES = {
+  turn: [["vad_stop", "VAD stop"], ["stt_final", "STT final"], ["end_of_turn", "end of turn"], ["llm_first_token", "LLM 1st token"], ["tts_first_audio", "TTS 1st audio"], ["transport_first_audio", "sent"]],
+  "barge-in": [["vad_start", "VAD start"], ["interruption", "interruption"], ["bot_stopped", "bot stopped"]],
+};
+
+function render(rec) {
+  if (!rec.row) {
+    rec.row = document.createElement("tr");
+    ui.turns.appendChild(rec.row);
+  }
+  const n = svx.records.indexOf(rec) + 1;
+  let page;
+  if (rec.unpaired) page = "—";
+  else if (rec.kind === "turn") page = `voice-to-voice <b>${rec.v2v_ms} ms</b>`;
+  else page = `yield <b>${rec.yield_ms} ms</b>, silent <b>${rec.silence_ms} ms</b>`;
+  let server = "";
+  if (rec.server) {
+    const s = rec.server;
+    server = STAGES[rec.kind].filter(([k]) => s[k] !== null && s[k] !== undefined).map(([k, w]) => `<span class="stage">${w} +${Math.round(s[k])}</span>`).join("");
+    if (s.tts_ttfb !== null && s.tts_ttfb !== undefined) server += `<span class="stage">TTS first byte ${Math.round(s.tts_ttfb)} ms</span>`;
+    if (rec.kind === "barge-in") server += `<span class="stage">cancel→ack ${s.cancel_ack !== null && s.cancel_ack !== undefined ? s.cancel_ack.toFixed(1) + " ms" : "none"}</span>`;
+  }
+  rec.row.innerHTML = `<td>${n}</td><td>${rec.kind === "turn" ? "reply" : "barge-in"}</td><td class="num">${page}</td><td>${server}</td>`;
+}
+
+// ---------------------------------------------------------------- meters and chart
+function draw() {
+  const c = ui.chart;
+  const g = c.getContext("2d");
+  g.clearRect(0, 0, c.width, c.height);
+  g.strokeStyle = "#e5e7eb";
+  g.beginPath();
+  for (const level of [-60, -40, -20]) {
+    const y = c.height * (-level / 70);
+    g.moveTo(0, y);
+    g.lineTo(c.width, y);
+  }
+  g.stroke();
+  if (!chart.t.length) return;
+  const now = chart.t[chart.t.length - 1];
+  for (const [series, color] of [[chart.mic, "#2563eb"], [chart.bot, "#ea580c"]]) {
+    g.strokeStyle = color;
+    g.beginPath();
+    for (let i = 0; i < series.length; i++) {
+      const x = c.width * (1 - (now - chart.t[i]) / CHART_S);
+      const y = c.height * Math.min(1, Math.max(0, -series[i] / 70));
+      if (i === 0) g.moveTo(x, y);
+      else g.lineTo(x, y);
+    }
+    g.stroke();
+  }
+  const last = (a) => a[a.length - 1];
+  for (const [bar, label, level] of [[ui.micBar, ui.micDb, last(chart.mic)], [ui.botBar, ui.botDb, last(chart.bot)]]) {
+    bar.style.width = `${Math.max(0, Math.min(100, (level + 70) * (100 / 70)))}%`;
+    label.textContent = level > -139 ? `${level.toFixed(0)} dBFS` : "silent";
+  }
+}
+setInterval(draw, 100);
