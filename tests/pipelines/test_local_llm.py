@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 
@@ -77,7 +78,14 @@ async def test_plain_completion_and_models(base_url: str) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    ["not json", json.dumps({"messages": []}), json.dumps({"messages": [{"content": "no role"}]})],
+    [
+        "not json",
+        json.dumps({"messages": []}),
+        json.dumps({"messages": [{"content": "no role"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}),
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}),
+        json.dumps({"messages": [{"role": "user", "content": "word " * 3000}]}),  # longer than the cache
+    ],
 )
 async def test_bad_requests_get_400_with_reason(base_url: str, body: str) -> None:
     async with aiohttp.ClientSession() as s:
@@ -99,6 +107,53 @@ async def test_a_client_that_leaves_stops_generation(base_url: str, llm: LocalLL
     while llm._lock.locked() and time.monotonic() - t0 < 60:
         await asyncio.sleep(0.1)
     assert not llm._lock.locked()
+
+
+async def _cut_after_first_piece(base_url: str, messages) -> str:
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(
+            f"{base_url}/chat/completions", json={"messages": messages, "stream": True, "max_tokens": 500}
+        )
+        await resp.content.readline()  # the role chunk
+        while not (line := (await resp.content.readline()).decode().strip()):
+            pass
+        resp.close()  # the caller barged in
+    return json.loads(line[6:])["choices"][0]["delta"]["content"]
+
+
+async def _until_idle(llm: LocalLLM) -> None:
+    t0 = time.monotonic()
+    while llm._lock.locked() and time.monotonic() - t0 < 60:
+        await asyncio.sleep(0.05)
+    assert not llm._lock.locked()
+
+
+async def test_a_cut_stream_ends_quietly(base_url: str, llm: LocalLLM, caplog, capfd) -> None:
+    """Issue 10: every barge-in printed aiohttp's 'Cannot write to closing transport' traceback."""
+    caplog.set_level(logging.INFO)
+    story = [{"role": "user", "content": "Write a very long story about the sea."}]
+    for _ in range(3):
+        assert await _cut_after_first_piece(base_url, story)
+        await _until_idle(llm)
+    await asyncio.sleep(0.2)  # let the server finish the handlers
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [r.getMessage() for r in loud]
+    assert "Traceback" not in capfd.readouterr().err
+    # The next request in that conversation still works, and reuses the cache of the cut one.
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{base_url}/chat/completions", json={"messages": story, "max_tokens": 8}) as resp:
+            data = await resp.json()
+    assert data["choices"][0]["message"]["content"].strip()
+    assert llm.engine.last.reused_tokens == llm.engine.last.prompt_tokens - 1
+
+
+async def test_usage_and_finish_reason(base_url: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        body = {"messages": QUESTION, "max_tokens": 3}
+        async with s.post(f"{base_url}/chat/completions", json=body) as resp:
+            data = await resp.json()
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert data["usage"]["completion_tokens"] == 3 and data["usage"]["prompt_tokens"] > 10
 
 
 def test_missing_model_is_a_clear_error(tmp_path) -> None:

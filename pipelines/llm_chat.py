@@ -1,0 +1,227 @@
+"""Chat prompts, streaming detokenisation and the prefix-cached generation loop for :mod:`llm_model`.
+
+Why a prefix cache: in a voice conversation the prompt of turn n+1 is turn n's prompt, the
+reply, and one new user message. The engine keeps each conversation's keys/values in a slot and
+runs only the tokens after the longest common prefix of the new prompt and the slot's cached
+tokens, so the first token of a later turn costs a prefill of ~20-40 tokens, not of the whole
+history. When the client sends something else (an assistant message cut to what was played, an
+edited history, another conversation) the common prefix is simply shorter; with no match at all
+it is a full prefill. The output is the same either way (greedy decoding; tests check it token
+for token).
+
+Tokenizer: the ``tokenizers`` library on a ``tokenizer.json`` (written once from the GGUF by
+transformers' converter, see :mod:`local_llm`), and the model's Jinja chat template rendered the
+way transformers renders it (sandboxed, ``trim_blocks``/``lstrip_blocks``), so prompts equal
+``apply_chat_template``'s without importing transformers at run time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .llm_model import Llama
+
+
+class ChatTokenizer:
+    """``encode_chat(messages)`` -> prompt token ids with the generation prompt, as transformers does."""
+
+    def __init__(self, tokenizer_json: Path, chat_template: str, *, eos_tokens: list[str], bos_token: str = "") -> None:
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(f"chat template: {message}")
+
+        env.globals["raise_exception"] = raise_exception
+        self.template = env.from_string(chat_template)
+        self.bos_token = bos_token
+        self.eos_token = eos_tokens[0] if eos_tokens else ""
+        ids = [self.tokenizer.token_to_id(t) for t in eos_tokens]
+        self.eos_ids = frozenset(i for i in ids if i is not None)
+        if not self.eos_ids:
+            raise ValueError(f"none of the end tokens {eos_tokens} is in the vocabulary")
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        return self.template.render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+        )
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids
+
+    def decoder(self) -> StreamDecoder:
+        return StreamDecoder(self.tokenizer)
+
+
+class StreamDecoder:
+    """Token ids in, text pieces out, never splitting a multi-byte character.
+
+    Byte-level BPE tokens can end inside a UTF-8 sequence; a piece is released only once the
+    decoded text no longer ends in U+FFFD. Only a short window of recent ids is re-decoded per
+    token (the two offsets), so the cost does not grow with the reply.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # start of the window re-decoded as context
+        self.read = 0  # ids before this are already emitted
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        done = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
+        text = self.tokenizer.decode(self.ids[self.prefix :], skip_special_tokens=True)
+        if len(text) > len(done) and not text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return text[len(done) :]
+        return ""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass(slots=True)
+class _Slot:
+    ids: list[int] = field(default_factory=list)  # tokens whose keys/values the slot holds, in order
+    used: float = 0.0
+
+
+@dataclass(slots=True)
+class TurnStats:
+    """What the last request cost: how much of its prompt came from the cache."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefill_s: float = 0.0
+    completion_tokens: int = 0
+    decode_s: float = 0.0
+    finish_reason: str = "stop"
+    slot: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 0.9
+    repetition_penalty: float = 1.1  # HF's: over every id of the prompt and the reply so far
+    seed: int | None = None
+
+
+class ChatEngine:
+    """Generates from token prompts on a :class:`Llama`, keeping each conversation's cache in a slot.
+
+    Not thread-safe by design: callers serialise requests (one model, two cores).
+    """
+
+    def __init__(self, model: Llama) -> None:
+        self.model = model
+        self.slots = [_Slot() for _ in range(model.slots)]
+        self.last = TurnStats()
+
+    def reset(self) -> None:
+        """Forget every cached conversation (the next request is a full prefill)."""
+        for s in self.slots:
+            s.ids, s.used = [], 0.0
+
+    def _place(self, prompt: list[int]) -> tuple[int, int]:
+        """(slot, tokens of ``prompt`` already cached there), copying a shared prefix when branching.
+
+        The slot with the longest common prefix continues in place when the prompt keeps at
+        least half of what it holds (the same conversation, maybe with a cut reply). Otherwise
+        this is another conversation that merely shares a beginning (the system prompt): it
+        takes the least recently used other slot, with the shared prefix's keys/values copied
+        over, so the first conversation's cache survives.
+        """
+        matches = [common_prefix(s.ids, prompt) for s in self.slots]
+        best = max(range(len(self.slots)), key=lambda i: (matches[i], self.slots[i].used))
+        n = matches[best]
+        others = [i for i in range(len(self.slots)) if i != best or n == 0]
+        if not others or (n > 0 and 2 * n >= len(self.slots[best].ids)):
+            return best, n
+        target = min(others, key=lambda i: self.slots[i].used)  # a free slot (used 0) first
+        if n == 0:
+            return target, 0
+        m = self.model
+        for ck, cv in zip(m.cache_k, m.cache_v, strict=True):
+            ck[target, :, :n] = ck[best, :, :n]
+            cv[target, :, :n] = cv[best, :, :n]
+        self.slots[target].ids = prompt[:n]
+        return target, n
+
+    def generate(
+        self, prompt: list[int], sampling: Sampling, *, eos_ids: frozenset[int], stop: threading.Event | None = None
+    ) -> Iterator[int]:
+        """Yield the reply's token ids (end token excluded); :attr:`last` holds the request's figures.
+
+        Stops at an end token, after ``max_tokens``, or at the first step after ``stop`` is set.
+        """
+        m = self.model
+        if not prompt:
+            raise ValueError("empty prompt")
+        budget = m.max_len - len(prompt)
+        if budget < 1:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; this model's cache holds {m.max_len}")
+        slot_i, reused = self._place(prompt)
+        slot = self.slots[slot_i]
+        reused = min(reused, len(prompt) - 1)  # the last prompt token must run: its logits pick the first reply token
+        stats = self.last = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused, slot=slot_i)
+        slot.ids = prompt[:reused]  # what stays valid whatever happens below
+        slot.used = time.monotonic()
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        seen = torch.zeros(m.cfg.vocab_size, dtype=torch.bool)
+        seen[torch.tensor(prompt)] = True
+        t0 = time.perf_counter()
+        logits = m.forward(prompt[reused:], slot_i, reused)
+        slot.ids = list(prompt)
+        stats.prefill_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        limit = min(sampling.max_tokens, budget)
+        stats.finish_reason = "length"
+        try:
+            while stats.completion_tokens < limit:
+                token = _choose(logits, seen, sampling, gen)
+                if token in eos_ids:
+                    stats.finish_reason = "stop"
+                    break
+                stats.completion_tokens += 1
+                yield token
+                if stop is not None and stop.is_set():
+                    stats.finish_reason = "stop"
+                    break
+                if stats.completion_tokens >= limit:
+                    break
+                seen[token] = True
+                logits = m.forward([token], slot_i, len(slot.ids))
+                slot.ids.append(token)
+        finally:
+            stats.decode_s = time.perf_counter() - t1
+
+
+def _choose(logits: torch.Tensor, seen: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
+    if s.repetition_penalty != 1.0:
+        p = s.repetition_penalty
+        logits = torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
+    if s.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / s.temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, descending=True)
+    keep = torch.cumsum(sorted_p, 0) - sorted_p < s.top_p  # the smallest set whose mass reaches top_p
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    return int(order[torch.multinomial(sorted_p, 1, generator=gen)])

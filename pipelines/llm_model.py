@@ -1,0 +1,437 @@
+"""A small Llama (SmolLM2) for the CPU: weights read from GGUF, int4 matmuls, a conversation KV cache.
+
+Why not transformers' ``generate``: on 2 cores it decodes SmolLM2-135M at ~14 tokens/s, and a
+float32 model reads ~540 MB of weights per token, which this machine's memory bandwidth (~19 GB/s)
+caps at ~35 tokens/s whatever the framework. The checkpoint is Q4_1 (4-bit codes with a scale and
+a minimum per block of 32), and torch's CPU kernel ``_weight_int4pack_mm_for_cpu`` computes
+``x @ ((q - 8) * scale + zero)`` for exactly that grouping. So the fast path keeps the GGUF's own
+codes (``zero = min + 8 * scale``; scale/zero rounded to bf16, the kernel's dtype) and reads
+~70 MB per token instead of 540. Activations are bf16 (this CPU has AVX512-BF16). The tied
+embedding/head is Q8_0 in the file and runs as a dense bf16 matmul.
+
+A ``precision="fp32"`` model de-quantises everything to float32 (the values transformers loads
+from the same file): it is the reference the tests compare with transformers, not a serving mode.
+
+KV cache: allocated once per slot at ``[kv_heads, max_len, head_dim]`` per layer and written by
+position, so a conversation keeps its keys/values between requests and a new turn only runs its
+new tokens (:meth:`Llama.forward` with ``start`` = the cached length). Several slots let a few
+conversations keep their caches at once.
+
+Layouts follow HF transformers: GGUF stores q/k rows permuted for llama.cpp's interleaved RoPE;
+the loader undoes that permutation (a row reordering, so 4-bit blocks stay intact) and the model
+uses rotate-half RoPE. q/k/v and gate/up are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+GROUP = 32  # Q4_1/Q8_0 block length: values per scale
+REFINE = 64  # head candidates recomputed in float32 (see Llama._head)
+
+
+class ModelFormatError(ValueError):
+    """A checkpoint this model cannot run; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int = 49152
+    dim: int = 576
+    n_layers: int = 30
+    n_heads: int = 9
+    n_kv_heads: int = 3
+    head_dim: int = 64
+    intermediate: int = 1536
+    norm_eps: float = 1e-5
+    rope_theta: float = 100000.0
+    max_position: int = 8192
+
+    @property
+    def groups(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict) -> ModelConfig:
+        arch = fields.get("general.architecture")
+        if arch != "llama":
+            raise ModelFormatError(f"GGUF architecture {arch!r} is not llama")
+        p = "llama."
+        dim, heads = int(fields[p + "embedding_length"]), int(fields[p + "attention.head_count"])
+        return cls(
+            vocab_size=int(fields.get(p + "vocab_size") or len(fields["tokenizer.ggml.tokens"])),
+            dim=dim,
+            n_layers=int(fields[p + "block_count"]),
+            n_heads=heads,
+            n_kv_heads=int(fields.get(p + "attention.head_count_kv", heads)),
+            head_dim=int(fields.get(p + "rope.dimension_count", dim // heads)),
+            intermediate=int(fields[p + "feed_forward_length"]),
+            norm_eps=float(fields[p + "attention.layer_norm_rms_epsilon"]),
+            rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
+            max_position=int(fields.get(p + "context_length", 2048)),
+        )
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> ModelConfig:
+        if cfg.get("model_type", "llama") != "llama":
+            raise ModelFormatError(f"model_type {cfg.get('model_type')!r} is not a Llama model")
+        if cfg.get("rope_scaling") or cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            raise ModelFormatError("rope scaling and attention/MLP biases are not supported")
+        if not cfg.get("tie_word_embeddings", False):
+            raise ModelFormatError("only tied embeddings are supported (SmolLM2 ties lm_head to embed_tokens)")
+        heads = int(cfg["num_attention_heads"])
+        rope = cfg.get("rope_parameters") or {}
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            dim=int(cfg["hidden_size"]),
+            n_layers=int(cfg["num_hidden_layers"]),
+            n_heads=heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate=int(cfg["intermediate_size"]),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0),
+            max_position=int(cfg.get("max_position_embeddings", 2048)),
+        )
+
+    def to_hf(self) -> dict:
+        """A transformers ``LlamaConfig`` dict (tests build the reference model from it)."""
+        return {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.dim,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "rms_norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": True,
+            "hidden_act": "silu",
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        return cls(**json.loads(text))
+
+
+# ---------------------------------------------------------------------- weights
+
+
+@dataclass(slots=True)
+class Q4Weight:
+    """A Q4_1 matrix [rows, cols]: value = codes * scale + minimum, per block of 32 columns."""
+
+    codes: Tensor  # uint8 [rows, cols], 0..15
+    scale: Tensor  # float16 [rows, cols / 32]
+    minimum: Tensor  # float16 [rows, cols / 32]
+
+    def dequantize(self) -> Tensor:
+        rows, cols = self.codes.shape
+        blocks = self.codes.view(rows, cols // GROUP, GROUP).float()
+        return (blocks * self.scale.float()[..., None] + self.minimum.float()[..., None]).view(rows, cols)
+
+    def take_rows(self, index: Tensor) -> Q4Weight:
+        return Q4Weight(self.codes[index], self.scale[index], self.minimum[index])
+
+    @staticmethod
+    def cat(parts: list[Q4Weight]) -> Q4Weight:
+        return Q4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "minimum")))
+
+
+Weight = Q4Weight | Tensor  # a dense tensor is float32
+
+
+def _q4_1(raw: np.ndarray, rows: int, cols: int) -> Q4Weight:
+    """GGUF Q4_1 blocks (fp16 d, fp16 m, 16 bytes: low nibbles = values 0-15, high = 16-31)."""
+    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows * cols // GROUP, 20)
+    d = blocks[:, 0:2].copy().view(np.float16).reshape(rows, cols // GROUP)
+    m = blocks[:, 2:4].copy().view(np.float16).reshape(rows, cols // GROUP)
+    qs = blocks[:, 4:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1).reshape(rows, cols)
+    return Q4Weight(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m))
+
+
+def _q8_0(raw: np.ndarray, rows: int, cols: int) -> Tensor:
+    """GGUF Q8_0 blocks (fp16 d, 32 int8 values) de-quantised to float32."""
+    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows * cols // GROUP, 34)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    q = blocks[:, 2:].view(np.int8).astype(np.float32)
+    return torch.from_numpy((q * d).reshape(rows, cols))
+
+
+def _rope_rows(rows: int, heads: int) -> Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (as transformers' GGUF loader does)."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+_GGUF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, Weight], dict]:
+    """(config, weights under HF names, GGUF metadata fields) of a llama GGUF file.
+
+    Q4_1 matrices stay 4-bit codes (:class:`Q4Weight`); F32/F16/Q8_0 tensors become float32.
+    """
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"cannot read GGUF {path}: {exc}") from None
+    fields = {}
+    for key, field in reader.fields.items():
+        try:
+            fields[key] = field.contents()
+        except Exception:  # a field gguf cannot decode is one we do not need
+            continue
+    cfg = ModelConfig.from_gguf_fields(fields)
+    weights: dict[str, Weight] = {}
+    for t in reader.tensors:
+        cols, rows = (int(t.shape[0]), int(t.shape[1])) if len(t.shape) == 2 else (int(t.shape[0]), 1)
+        if t.tensor_type == Q.Q4_1:
+            w: Weight = _q4_1(t.data, rows, cols)
+        elif t.tensor_type == Q.Q8_0:
+            w = _q8_0(t.data, rows, cols)
+        elif t.tensor_type in (Q.F32, Q.F16):
+            values = np.array(t.data, dtype=np.float32)  # a copy: the reader's arrays are read-only
+            w = torch.from_numpy(values.reshape((rows, cols) if rows > 1 else (cols,)))
+        else:
+            raise ModelFormatError(
+                f"{path}: tensor {t.name} has type {t.tensor_type.name}; supported: Q4_1, Q8_0, F16, F32"
+            )
+        weights[_hf_name(t.name)] = w
+    for layer in range(cfg.n_layers):
+        for proj, heads in (("q_proj", cfg.n_heads), ("k_proj", cfg.n_kv_heads)):
+            key = f"model.layers.{layer}.self_attn.{proj}.weight"
+            w = weights[key]
+            order = _rope_rows(w.shape[0] if isinstance(w, Tensor) else w.codes.shape[0], heads)
+            weights[key] = w.take_rows(order) if isinstance(w, Q4Weight) else w[order]
+    return cfg, weights, fields
+
+
+def _hf_name(name: str) -> str:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        raise ModelFormatError("untied output.weight is not supported (SmolLM2 ties lm_head to embed_tokens)")
+    parts = name.split(".")  # blk.N.attn_q.weight
+    if parts[0] != "blk" or parts[2] not in _GGUF_NAMES:
+        raise ModelFormatError(f"unexpected GGUF tensor {name}")
+    return f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
+
+
+def dense(w: Weight) -> Tensor:
+    return w.dequantize() if isinstance(w, Q4Weight) else w
+
+
+# ---------------------------------------------------------------------- the model
+
+
+def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4") -> dict[str, Tensor]:
+    """The tensors :class:`Llama` runs on, from HF-named weights: what the disk cache stores.
+
+    ``int4``: Q4_1 matrices packed for ``_weight_int4pack_mm_for_cpu`` with bf16 scale/zero
+    (``(q - 8) * scale + zero == q * scale + minimum`` with ``zero = minimum + 8 * scale``), the
+    tied head as int8 with one scale per row, the rest bf16. ``fp32``: everything de-quantised.
+    q/k/v and gate/up are fused (rows concatenated, which keeps 4-bit blocks intact).
+    """
+    if precision not in ("int4", "fp32"):
+        raise ValueError(f"precision {precision!r}: use int4 (serving) or fp32 (reference)")
+    quantized = precision == "int4"
+    dtype = torch.bfloat16 if quantized else torch.float32
+    out: dict[str, Tensor] = {}
+
+    def linear(name: str, parts: list[Weight]) -> None:
+        if quantized and all(isinstance(x, Q4Weight) for x in parts):
+            w = Q4Weight.cat(parts)  # type: ignore[arg-type]
+            scale = w.scale.float()
+            zero = w.minimum.float() + 8 * scale
+            out[name + ".packed"] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32), 1)
+            out[name + ".sz"] = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        else:
+            out[name + ".weight"] = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
+
+    table = dense(weights["model.embed_tokens.weight"])
+    out["embed"] = table.to(dtype).contiguous()
+    if quantized:
+        # The tied head is the biggest matrix (28M values): a dense bf16 matmul reads 56 MB per
+        # token (~2 ms here); int8 with one scale per row reads half and runs in ~0.35 ms.
+        scale = (table.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        out["head.q"] = torch.round(table / scale[:, None]).to(torch.int8)
+        out["head.scale"] = scale.to(dtype)
+    out["norm"] = dense(weights["model.norm.weight"])  # norms stay float32: the residual stream is
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        w = [weights[p + n + ".weight"] for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]
+        linear(f"{i}.wqkv", w)
+        linear(f"{i}.wo", [weights[p + "self_attn.o_proj.weight"]])
+        linear(f"{i}.w13", [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
+        linear(f"{i}.w2", [weights[p + "mlp.down_proj.weight"]])
+        out[f"{i}.attn_norm"] = dense(weights[p + "input_layernorm.weight"])
+        out[f"{i}.ffn_norm"] = dense(weights[p + "post_attention_layernorm.weight"])
+    return out
+
+
+class Linear:
+    """``x [T, in] -> [T, out]``: an int4-packed matrix (bf16 activations) or a dense one."""
+
+    def __init__(self, t: dict[str, Tensor], name: str) -> None:
+        self.packed = t.get(name + ".packed")
+        if self.packed is not None:
+            self.sz = t[name + ".sz"]
+        else:
+            self.weight = t[name + ".weight"]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.packed is not None:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.sz)
+        return F.linear(x, self.weight)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Layer:
+    def __init__(self, t: dict[str, Tensor], i: int) -> None:
+        self.attn_norm, self.ffn_norm = t[f"{i}.attn_norm"], t[f"{i}.ffn_norm"]
+        self.wqkv, self.wo = Linear(t, f"{i}.wqkv"), Linear(t, f"{i}.wo")
+        self.w13, self.w2 = Linear(t, f"{i}.w13"), Linear(t, f"{i}.w2")
+
+
+class Llama:
+    """SmolLM2-style Llama: ``forward(tokens, slot, start)`` runs new tokens after ``start`` cached ones.
+
+    Built from :func:`prepare`'s tensors. Not an ``nn.Module``: there is nothing to train, and
+    plain attributes keep the per-token Python path short (the decode step is ~400 small ops;
+    their overhead is a large part of its time).
+    """
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], *, slots: int = 4, max_len: int = 2048) -> None:
+        if cfg.n_heads % cfg.n_kv_heads:
+            raise ModelFormatError(f"{cfg.n_heads} heads are not a multiple of {cfg.n_kv_heads} KV heads")
+        if slots < 1 or max_len < 2:
+            raise ValueError("need at least one slot and a cache of at least 2 tokens")
+        self.cfg, self.tensors = cfg, tensors  # kept: a second model can share them (tests)
+        self.embed = tensors["embed"]  # [vocab, dim], also the head when not quantised
+        self.dtype = self.embed.dtype
+        self.precision = "int4" if "head.q" in tensors else "fp32"
+        self.head_q, self.head_scale = tensors.get("head.q"), tensors.get("head.scale")
+        if self.head_scale is not None:
+            self.head_scale_f32 = self.head_scale.float()
+        self.norm = tensors["norm"]
+        self.layers = [Layer(tensors, i) for i in range(cfg.n_layers)]
+        self.slots, self.max_len = slots, min(max_len, cfg.max_position)
+        shape = (slots, cfg.n_kv_heads, self.max_len, cfg.head_dim)
+        self.cache_k = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
+        self.cache_v = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
+        d = cfg.head_dim
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        freqs = torch.outer(torch.arange(self.max_len, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [L, hd]
+        self.cos = emb.cos().to(self.dtype)[:, None, :]  # [L, 1, hd]
+        self.sin = emb.sin().to(self.dtype)[:, None, :]
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int] | Tensor, slot: int, start: int) -> Tensor:
+        """Run ``tokens`` at positions ``start..`` of ``slot``; float32 logits of the last one [vocab].
+
+        The slot must hold valid keys/values for positions ``< start`` (this conversation's own).
+        """
+        ids = torch.as_tensor(tokens, dtype=torch.long)
+        T = ids.shape[0]
+        S = start + T
+        if T == 0 or S > self.max_len:
+            raise ValueError(f"{T} tokens at {start} do not fit a {self.max_len}-token cache")
+        cfg = self.cfg
+        H, KV, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.groups, cfg.head_dim
+        cos, sin = self.cos[start:S], self.sin[start:S]
+        mask = None
+        if T > 1:  # query t sits at start+t and sees keys up to there; rows ordered (g, t)
+            keys = torch.arange(S)
+            mask = (keys[None, :] <= torch.arange(start, S)[:, None]).repeat(G, 1)
+        # The residual stream stays float32 and only matmul inputs are cast: 30 layers of bf16
+        # residual sums cost more accuracy than the 4-bit weights do, for ~2 casts per layer.
+        x = F.embedding(ids, self.embed).float()  # [T, dim]
+        for layer, ck, cv in zip(self.layers, self.cache_k, self.cache_v, strict=True):
+            h = F.rms_norm(x, (cfg.dim,), layer.attn_norm, cfg.norm_eps).to(self.dtype)
+            q, k, v = layer.wqkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
+            q = q.view(T, H, hd)
+            k = k.view(T, KV, hd)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            ck[slot, :, start:S] = k.transpose(0, 1)
+            cv[slot, :, start:S] = v.view(T, KV, hd).transpose(0, 1)
+            # Query head h = j*G + g uses KV head j: fold G into the query length, read each KV
+            # head once. 4-D inputs: with 3-D ones SDPA takes its slow "math" path on the CPU.
+            qg = q.view(T, KV, G, hd).permute(1, 2, 0, 3).reshape(1, KV, G * T, hd)
+            o = F.scaled_dot_product_attention(
+                qg, ck[slot : slot + 1, :, :S], cv[slot : slot + 1, :, :S], attn_mask=mask
+            )
+            x = x + layer.wo(o.view(KV, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd))
+            h = F.rms_norm(x, (cfg.dim,), layer.ffn_norm, cfg.norm_eps).to(self.dtype)
+            gate, up = layer.w13(h).chunk(2, dim=-1)
+            x = x + layer.w2(F.silu(gate) * up)
+        last = F.rms_norm(x[-1:], (cfg.dim,), self.norm, cfg.norm_eps)
+        if self.head_q is None:
+            return F.linear(last, self.embed)[0]
+        return self._head(last)
+
+    def _head(self, last: Tensor) -> Tensor:
+        """Logits from the int8 head, the best ``REFINE`` of them recomputed in float32.
+
+        The fast kernel returns bf16 (its activation dtype): at logit magnitudes of ~30 that is
+        a 0.125-0.25 grid, on which the top two candidates often tie exactly and greedy
+        decoding would pick by token id. Recomputing the leading candidates from the same int8
+        rows in float32 costs ~64 x 576 multiply-adds.
+        """
+        coarse = torch.ops.aten._weight_int8pack_mm(last.to(self.dtype), self.head_q, self.head_scale)[0].float()
+        top = coarse.topk(REFINE).indices
+        coarse[top] = (self.head_q[top].float() @ last[0]) * self.head_scale_f32[top]
+        return coarse
+
+
+def load_hf_weights(directory: Path) -> tuple[ModelConfig, dict[str, Weight]]:
+    """An HF Llama directory (``config.json`` + ``*.safetensors``) as float32 weights."""
+    from safetensors.torch import load_file
+
+    try:
+        cfg = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ModelFormatError(f"{directory}: no usable config.json ({exc})") from None
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelFormatError(f"{directory} holds no *.safetensors weights")
+    weights: dict[str, Weight] = {}
+    for f in files:
+        weights.update({k: v.float() for k, v in load_file(f).items() if k != "lm_head.weight"})
+    return cfg, weights

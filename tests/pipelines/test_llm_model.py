@@ -1,0 +1,213 @@
+"""Our SmolLM2 runtime on the real GGUF: weights, prompts and the conversation KV cache.
+
+References: gguf's own de-quantiser for the weights, transformers for the chat template and for
+greedy decoding on the same float32 weights, and a full recompute (no cache) for every cached turn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.llm_chat import ChatEngine, Sampling, StreamDecoder
+from pipelines.llm_model import Llama, dense, prepare, read_gguf
+from pipelines.local_llm import LocalLLM, bundled_gguf
+
+pytestmark = pytest.mark.timeout(600)
+
+SYSTEM = {"role": "system", "content": "Answer in one short sentence."}
+PROMPTS = ["What is the capital of France?", "Tell me a joke about cats.", "How do I reset my password?"]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LocalLLM:
+    model = LocalLLM()
+    model.load(progress=print)
+    return model
+
+
+@pytest.fixture(scope="module")
+def gguf_weights():
+    return read_gguf(bundled_gguf())
+
+
+@pytest.fixture(scope="module")
+def fp32(gguf_weights) -> ChatEngine:
+    cfg, weights, _ = gguf_weights
+    return ChatEngine(Llama(cfg, prepare(cfg, weights, "fp32"), slots=2, max_len=1024))
+
+
+def test_weights_equal_ggufs_own_dequantisation(gguf_weights) -> None:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    _, weights, _ = gguf_weights
+    tensors = {t.name: t for t in GGUFReader(str(bundled_gguf())).tensors}
+    for gguf_name, ours in [
+        ("blk.7.ffn_up.weight", "model.layers.7.mlp.up_proj.weight"),  # Q4_1
+        ("blk.7.attn_v.weight", "model.layers.7.self_attn.v_proj.weight"),  # Q4_1, not permuted
+        ("token_embd.weight", "model.embed_tokens.weight"),  # Q8_0
+    ]:
+        t = tensors[gguf_name]
+        np.testing.assert_array_equal(dense(weights[ours]).numpy(), dequantize(t.data, t.tensor_type))
+
+
+def test_chat_prompt_equals_transformers_apply_chat_template(llm: LocalLLM) -> None:
+    from transformers import AutoTokenizer
+
+    source = bundled_gguf()
+    reference = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    conversations = [
+        [{"role": "user", "content": "Hi there!"}],  # no system message: the template adds its own
+        [SYSTEM, {"role": "user", "content": "What's 12 + 30? Café, naïve, 😀."}],
+        [
+            SYSTEM,
+            {"role": "user", "content": "Where is my order?"},
+            {"role": "assistant", "content": "It shipped yesterday."},
+            {"role": "user", "content": "  When will it arrive?\n"},
+        ],
+    ]
+    for messages in conversations:
+        expected = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert llm.tokenizer.render(messages) == expected
+        ids = reference(expected, add_special_tokens=False)["input_ids"]
+        assert llm.tokenizer.encode_chat(messages) == ids
+
+
+def test_stream_decoder_never_splits_a_character(llm: LocalLLM) -> None:
+    tok = llm.tokenizer.tokenizer
+    text = "Café crème, naïve façade — 😀 🎉 ok! 東京"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    decoder = StreamDecoder(tok)
+    pieces = [decoder.push(i) for i in ids]
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert not any("\ufffd" in p for p in pieces)
+    assert sum(1 for p in pieces if p == "") > 0  # the emoji's bytes span tokens: some pushes wait
+
+
+def test_fp32_greedy_matches_transformers_on_the_same_weights(gguf_weights, fp32: ChatEngine, llm) -> None:
+    """Our forward (rope layout, GQA folding, tied head, repetition penalty) against transformers'."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg, weights, _ = gguf_weights
+    reference = LlamaForCausalLM(LlamaConfig(**cfg.to_hf())).eval()
+    state = {k: dense(v) for k, v in weights.items()}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    reference.load_state_dict(state, strict=True)
+    ids = llm.tokenizer.encode_chat([SYSTEM, {"role": "user", "content": PROMPTS[0]}])
+    with torch.inference_mode():
+        expected = reference.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=8,
+            do_sample=False,
+            repetition_penalty=1.1,
+            pad_token_id=2,
+        )[0, len(ids) :].tolist()
+        ref_logits = reference(torch.tensor([ids])).logits[0, -1]
+    fp32.reset()
+    ours = list(fp32.generate(ids, Sampling(max_tokens=8), eos_ids=frozenset()))
+    assert ours == expected
+    fp32.reset()
+    logits = fp32.model.forward(ids, 0, 0)
+    assert torch.allclose(logits, ref_logits, atol=2e-3), (logits - ref_logits).abs().max()
+
+
+def test_int4_serving_model_starts_like_the_fp32_reference(llm: LocalLLM, fp32: ChatEngine) -> None:
+    """The serving model keeps the GGUF's 4-bit codes but rounds scales to bf16, runs bf16
+    activations and an int8 head, so long greedy continuations may part; the first words must not."""
+    eos = llm.tokenizer.eos_ids
+    for prompt in PROMPTS:
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        llm.engine.reset()
+        fp32.reset()
+        fast = list(llm.engine.generate(ids, Sampling(max_tokens=4), eos_ids=eos))
+        reference = list(fp32.generate(ids, Sampling(max_tokens=4), eos_ids=eos))
+        assert fast == reference, (
+            prompt,
+            llm.tokenizer.tokenizer.decode(fast),
+            llm.tokenizer.tokenizer.decode(reference),
+        )
+
+
+def _reply(engine: ChatEngine, llm: LocalLLM, messages) -> list[int]:
+    ids = llm.tokenizer.encode_chat(messages)
+    return list(engine.generate(ids, Sampling(max_tokens=24), eos_ids=llm.tokenizer.eos_ids))
+
+
+def _conversations(engine: ChatEngine, llm: LocalLLM, check) -> None:
+    """Four turns of one conversation (one reply cut short as after a barge-in) interleaved with
+    a second one that shares the system prompt; ``check(messages)`` after each cached turn."""
+    engine.reset()
+    decode = llm.tokenizer.tokenizer.decode
+    a, b = [SYSTEM], [SYSTEM]
+    asks_a = ["Where is my order?", "When will it arrive?", "Can I change the address?", "Thanks, bye."]
+    asks_b = ["What is two plus two?", "And times three?"]
+    for turn, ask in enumerate(asks_a):
+        a.append({"role": "user", "content": ask})
+        reply = check(a)
+        if turn:
+            stats = engine.last
+            assert stats.reused_tokens > stats.prompt_tokens // 2, stats  # only the new tokens ran
+        text = decode(reply)
+        if turn == 1:
+            text = " ".join(text.split()[:3])  # the caller interrupted: only what was played is kept
+        a.append({"role": "assistant", "content": text})
+        if turn < len(asks_b):  # another caller meanwhile; it must not evict the first one's cache
+            b.append({"role": "user", "content": asks_b[turn]})
+            b.append({"role": "assistant", "content": decode(check(b))})
+
+
+def test_cached_turns_equal_a_full_recompute_token_for_token(llm: LocalLLM, fp32: ChatEngine) -> None:
+    """On the float32 model, where the only difference between the two paths is the cache."""
+    m = fp32.model
+    full = ChatEngine(Llama(m.cfg, m.tensors, slots=1, max_len=m.max_len))
+
+    def check(messages) -> list[int]:
+        cached = _reply(fp32, llm, messages)
+        full.reset()
+        assert cached == _reply(full, llm, messages), messages
+        return cached
+
+    _conversations(fp32, llm, check)
+
+
+def test_cached_turns_of_the_serving_model_match_a_full_recompute(llm: LocalLLM) -> None:
+    """The int4/bf16 model: SDPA's bf16 result depends on how many keys and queries one call
+    sees, so a reply computed token by token and the same reply re-read in one prefill differ
+    by ~0.1 in the leading logits and a near-tie may go either way later in a reply. What must
+    hold: the next-token logits after a cached prefix equal a full recompute's within that
+    noise (a wrong position or slot would be off by whole units), and the first token agrees."""
+    eng = llm.engine
+    m = eng.model
+    full = Llama(m.cfg, m.tensors, slots=1, max_len=m.max_len)
+
+    def check(messages) -> list[int]:
+        ids = llm.tokenizer.encode_chat(messages)
+        reply = list(eng.generate(ids, Sampling(max_tokens=24), eos_ids=llm.tokenizer.eos_ids))
+        n = eng.last.reused_tokens
+        cached = m.forward(ids[n:], eng.last.slot, n)  # recomputes the same positions: harmless
+        reference = full.forward(ids, 0, 0)
+        top = reference.topk(16).indices
+        assert (cached[top] - reference[top]).abs().max() < 0.5
+        assert int(cached.argmax()) == int(reference.argmax())
+        return reply
+
+    _conversations(eng, llm, check)
+
+
+def test_a_stopped_generation_leaves_a_consistent_cache(llm: LocalLLM) -> None:
+    """Closing the generator mid-reply (a cut stream) keeps only tokens whose keys were written."""
+    eng = llm.engine
+    eng.reset()
+    messages = [SYSTEM, {"role": "user", "content": "Write a long story about the sea."}]
+    ids = llm.tokenizer.encode_chat(messages)
+    gen = eng.generate(ids, Sampling(max_tokens=100), eos_ids=llm.tokenizer.eos_ids)
+    got = [next(gen) for _ in range(5)]
+    gen.close()
+    slot = eng.slots[eng.last.slot]
+    assert slot.ids[: len(ids)] == ids and len(slot.ids) <= len(ids) + len(got)
+    # The same request again reuses all of it and produces the same first tokens.
+    again = list(eng.generate(ids, Sampling(max_tokens=5), eos_ids=llm.tokenizer.eos_ids))
+    assert again == got and eng.last.reused_tokens == len(ids) - 1
