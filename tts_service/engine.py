@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ HOP = 256  # audio samples per latent frame in Piper's VITS voices
 # may then hold MIN_SPAN - right-context frames of audio for the price of a 6-frame one.
 MIN_SPAN = 65
 DEFAULT_GAIN = 1.5  # raw peaks sit near 0.5-0.7; piper normalises per sentence, which needs the whole sentence
+_WARM_UP_TEXT = "Warming up the voice: one, two, three. Thanks for waiting, we are almost ready to talk."
 _WORD_RE = re.compile(r"\S+")
 _SPEAKABLE_RE = re.compile(r"\w")
 # Phoneme symbols that are not sounds of their own: stress marks, length, punctuation.
@@ -110,6 +112,7 @@ class PiperEngine:
         self.threads = threads
         self.gain = gain
         self.noise_scale = noise_scale
+        self.cost_per_audio_s: float | None = None  # measured at warm-up (the slowest voice)
         self.voices: dict[str, _Voice] = {}
         self.default_voice: str | None = None
         self._phonemizer = None
@@ -197,12 +200,23 @@ class PiperEngine:
         return max((max(v.reach.left, v.reach.right) for v in self.voices.values()), default=0)
 
     def _warm_up(self, voice: str) -> None:
-        """First runs allocate arenas and pick kernels; do it before serving real users."""
-        prepared = self.prepare("Warming up the voice, one two three.", voice)
-        if prepared is None:  # pragma: no cover - espeak always speaks this
-            return
-        for size in (6, 12, 24, 48):
-            self.decode([Window(prepared, 0, min(size, prepared.frames))])
+        """First runs allocate arenas and pick kernels; do it before serving real users. A second
+        pass is timed: worker seconds per audio second of a typical reply, which seeds admission
+        until real batches refine it (a fixed guess of 0.15 refused two thirds of the capacity)."""
+        for timed in (False, True):
+            t0 = time.perf_counter()
+            prepared = self.prepare(_WARM_UP_TEXT, voice)
+            if prepared is None:  # pragma: no cover - espeak always speaks this
+                return
+            start, size = 0, self.free_frames(voice)
+            while start < prepared.frames:
+                end = min(prepared.frames, start + size)
+                self.decode([Window(prepared, start, end)])
+                start, size = end, 64
+            if timed:
+                audio_s = prepared.frames * HOP / self.voices[voice].sample_rate
+                cost = (time.perf_counter() - t0) / audio_s
+                self.cost_per_audio_s = max(self.cost_per_audio_s or 0.0, cost)
 
     @property
     def sample_rate(self) -> int:

@@ -2,8 +2,17 @@
 
 Inference never runs on the event loop, so a ``cancel`` (or a new ``start``) is handled while a
 batch is being computed; the cancelled stream's share of that batch is discarded by id when
-the batch returns. Two tasks run here: the *compute* loop (schedule -> worker -> update) and
-the *release* loop (hand paced frames to their transports when they fall due).
+the batch returns. Two tasks run here: the *compute* loop (schedule -> worker -> update, then
+deliver what that batch made due at once) and the *release* loop (hand paced frames to their
+transports when they fall due).
+
+Neither polls. The scheduler owns the clock: when it has nothing to compute it says when the
+clock next makes work due (``next_work_in``: a paced stream's lead running down, buffered text
+falling due to be cut), and the compute loop sleeps until then or until an event (text, end,
+cancel, a release) wakes it; the release loop sleeps until ``next_release_in``. The one
+exception is a transport that is backed up: it has no drain signal, so it is re-checked every
+``BACKED_UP_RETRY_S`` while it stays backed up. (A fixed 20 ms poll used to wake both loops
+50 times a second per server whenever any stream was live.)
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from .protocol import ErrorCode
 from .scheduler import Batch, BatchResult, Output, Scheduler, SchedulerOptions
 
 log = logging.getLogger(__name__)
+BACKED_UP_RETRY_S = 0.02  # a backed-up transport's re-check (it has no drain signal)
 
 
 class Sink(Protocol):
@@ -39,7 +49,6 @@ class SynthesizerBase:
     engines (see :class:`tts_service.scheduler.StreamScheduler`).
     """
 
-    poll_s = 0.02  # how often paced streams are re-checked for work while any is live
     task_prefix = "streamvox"  # asyncio task names
     thread_prefix = "streamvox-infer"  # the worker thread's name
     _log = log
@@ -51,8 +60,8 @@ class SynthesizerBase:
         self._sinks: dict[int, Sink] = {}
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_prefix)
-        self._work = asyncio.Event()
-        self._due = asyncio.Event()
+        self._work = asyncio.Event()  # something may have made work possible
+        self._due = asyncio.Event()  # an output may have fallen due (re-arm the release timer)
         self._tasks: list[asyncio.Task] = []
         self.started_at = time.monotonic()
 
@@ -111,11 +120,13 @@ class SynthesizerBase:
         dropped = self.scheduler.cancel(sid)
         self._close(sid, "cancelled")
         self._abort_if_orphaned()
+        self._work.set()  # what it held (an engine slot) may be another stream's now
         self.metrics.frames_dropped.inc(dropped)
         return dropped
 
     def _abort_if_orphaned(self) -> None:
-        """Stop the running plan early when no live stream needs it (engines that can override)."""
+        """Stop the running plan early when the scheduler says no live stream needs it (engines
+        whose runs can be aborted override this)."""
 
     def _close(self, sid: int, status: str) -> None:
         if self._sinks.pop(sid, None) is not None:
@@ -133,8 +144,8 @@ class SynthesizerBase:
             plan = self.scheduler.schedule(time.monotonic())
             if plan is None:
                 self._work.clear()
-                # Paced streams become eligible again as their playhead advances: poll while needed.
-                await _wait(self._work, self.poll_s if self._poll_when_idle() else None)
+                # Sleep until an event or until the scheduler's clock makes work due.
+                await _wait(self._work, self.scheduler.next_work_in(time.monotonic()))
                 continue
             result = await self._run(plan)
             self.scheduler.update(plan, result, time.monotonic())
@@ -143,11 +154,9 @@ class SynthesizerBase:
             self.metrics.busy_seconds.inc(result.seconds)
             self.metrics.rtf.set(self.scheduler.cost_per_audio_s)
             self.metrics.capacity.set(self.scheduler.capacity_streams())
+            # Deliver as computed: what this batch made due goes out now, not at the next timer.
+            self._release()
             self._due.set()
-
-    def _poll_when_idle(self) -> bool:
-        """Whether the compute loop re-checks for work every ``poll_s`` when nothing is scheduled."""
-        return bool(self.scheduler.active)
 
     async def _run(self, plan):
         """Run one plan in the worker thread; a failure becomes a result that fails its streams."""
@@ -158,15 +167,21 @@ class SynthesizerBase:
 
     async def _release_loop(self) -> None:
         while True:
-            now = time.monotonic()
-            blocked = {sid for sid, sink in self._sinks.items() if sink.backed_up()}
-            for out in self.scheduler.release(now, blocked):
-                self._deliver(out)
-            wait = self.scheduler.next_release_in(time.monotonic())
             self._due.clear()
-            if blocked:
-                wait = self.poll_s if wait is None else min(wait, self.poll_s)
-            await _wait(self._due, wait)
+            await _wait(self._due, self._release())
+
+    def _release(self) -> float | None:
+        """Hand every due output to its sink; return seconds until the next one falls due."""
+        blocked = {sid for sid, sink in self._sinks.items() if sink.backed_up()}
+        for out in self.scheduler.release(time.monotonic(), blocked):
+            self._deliver(out)
+        if self.scheduler.consumer_moved:
+            self.scheduler.consumer_moved = False
+            self._work.set()
+        wait = self.scheduler.next_release_in(time.monotonic())
+        if blocked:
+            wait = BACKED_UP_RETRY_S if wait is None else min(wait, BACKED_UP_RETRY_S)
+        return wait
 
     def _deliver(self, out: Output) -> None:
         sink = self._sinks.get(out.sid)
@@ -186,7 +201,18 @@ class SynthesizerBase:
             if out.kind == "error":
                 self.metrics.errors.labels(out.code or ErrorCode.INTERNAL).inc()
             self._close(out.sid, out.kind)
-        self._work.set()
+
+
+def fit_options(engine, options: SchedulerOptions | None) -> SchedulerOptions:
+    """Scheduler options for this engine: its context per window side, window sizes raised to
+    what it decodes for the same price, and batches of many windows only where batching pays."""
+    options = options or SchedulerOptions()
+    free = engine.free_frames() if hasattr(engine, "free_frames") else 0
+    windows = tuple(sorted({max(w, free) for w in options.windows}))
+    jobs = options.max_jobs if options.max_jobs != 1 or getattr(engine, "device", "cpu") != "cuda" else 16
+    return dataclasses.replace(
+        options, context_frames=getattr(engine, "context", options.context_frames), windows=windows, max_jobs=jobs
+    )
 
 
 async def _wait(event: asyncio.Event, timeout: float | None) -> None:
@@ -202,10 +228,11 @@ class Synthesizer(SynthesizerBase):
     def __init__(
         self, engine: PiperEngine, *, options: SchedulerOptions | None = None, metrics: Metrics | None = None
     ) -> None:
-        options = options or SchedulerOptions()
-        options = dataclasses.replace(options, context_frames=getattr(engine, "context", options.context_frames))
-        super().__init__(engine, Scheduler(sample_rate=engine.sample_rate, options=options), metrics)
-        self._inflight: tuple[set[int], object] | None = None  # the running batch's streams and abort handle
+        scheduler = Scheduler(sample_rate=engine.sample_rate, options=fit_options(engine, options))
+        super().__init__(engine, scheduler, metrics)
+        if getattr(engine, "cost_per_audio_s", None):
+            self.scheduler.cost_per_audio_s = engine.cost_per_audio_s  # measured at warm-up
+        self._inflight: tuple[Batch, object] | None = None  # the running batch and its abort handle
 
     async def stop(self) -> None:
         if self._inflight is not None:
@@ -214,7 +241,7 @@ class Synthesizer(SynthesizerBase):
 
     async def _run(self, batch: Batch) -> BatchResult:
         run_options = self.engine.run_options()
-        self._inflight = (batch.sids, run_options)
+        self._inflight = (batch, run_options)
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._execute, batch, run_options)
         except Exception as exc:  # the executor itself failed: fail the batch's streams
@@ -235,8 +262,8 @@ class Synthesizer(SynthesizerBase):
         """
         if self._inflight is None:
             return
-        sids, run_options = self._inflight
-        if all((st := self.scheduler.status(sid)) is None or st.finished for sid in sids):
+        batch, run_options = self._inflight
+        if self.scheduler.orphaned(batch):
             run_options.terminate = True
             self.metrics.batches_aborted.inc()
 

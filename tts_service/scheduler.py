@@ -4,11 +4,15 @@ It never touches sockets, asyncio or model code. The runtime drives it through a
 
 * ``add`` / ``push_text`` / ``flush`` / ``end`` / ``cancel`` - from the transports;
 * ``schedule(now) -> Batch`` - what the worker should compute next (start-up work first,
-  then the streams closest to running dry);
+  then the streams closest to running dry); on a CPU one stream's window at a time, so each
+  window's audio goes out as soon as it is computed and a newcomer waits at most one window;
 * ``update(batch, result, now)`` - fold the worker's outputs in; outputs of streams that
   finished while the batch ran are discarded here, by stream id;
 * ``release(now) -> [Output]`` - frames whose time has come, paced to stay ``lead_s`` ahead of
-  the listener's playhead, plus ``words``/``done``/``error`` events in order.
+  the listener's playhead, plus ``words``/``done``/``error`` events in order;
+* ``next_work_in(now)`` / ``next_release_in(now)`` - when the clock next makes work or a frame
+  due (the runtime sleeps until then or until an event: it never polls);
+* ``orphaned(batch)`` - whether a running batch computes for nobody any more.
 
 The engine-independent part (stream lifecycle, held audio, paced release) is
 :class:`StreamScheduler`, which the Orpheus scheduler shares; :class:`Scheduler` adds Piper's
@@ -28,6 +32,9 @@ import numpy as np
 
 from .engine import Prepared
 from .segmenter import Segmenter, SegmenterOptions
+
+_SENTENCE_ENDS = ".!?…"
+_CLOSERS = "\"')]}”’"
 
 
 class Status(enum.IntEnum):
@@ -61,15 +68,25 @@ class SchedulerOptions:
     # streams waiting for the worker, computing only below lead_s let the client's lead fall to
     # 40-140 ms. Held audio is dropped on cancel.
     compute_lead_s: float = 1.0
-    windows: tuple[int, ...] = (6, 12, 24, 48, 64)  # latent frames per window, growing
+    # Latent frames per window, growing; the runtime raises each to what the engine decodes for
+    # the same price (a Piper window spans at least 65 frames: the first can hold 54).
+    windows: tuple[int, ...] = (6, 12, 24, 48, 64)
     frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
-    max_jobs: int = 8  # per tick; bounds a tick's duration, hence cancel and TTFB latency
+    # Windows per batch. 1 on a CPU: batching windows of several streams there gives no
+    # per-window gain (FACTS), and one window per batch means each window's audio leaves when it
+    # is computed and a newcomer's start-up waits behind at most one window. Where batching pays
+    # (CUDA) the runtime raises it; ``max_tick_frames`` then bounds the batch.
+    max_jobs: int = 1
     max_tick_frames: int = 200  # latent frames (with context) per tick, start-up work exempt
     startup_s: float = 0.3  # a stream with less audio than this computed is starting up
     context_frames: int = 11  # the engine's context per window side; set from the engine by the runtime
     capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
     first_cut_s: float = 0.4  # text without a boundary for this long is cut at a word (see _starving)
+    # Text never stranded (see _stranded): when no text came for this long, whatever is buffered
+    # is spoken - after a sentence end ("Hi there." with no flush) soon, a fragment ("Okay") later.
+    sentence_wait_s: float = 0.3
+    fragment_wait_s: float = 0.8
     starve_lead_s: float = 0.15
     early_cut_words: int = 3  # ... if it holds at least this many words
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
@@ -136,14 +153,16 @@ class StreamState:
             self.playhead_s = self.playhead(now)
         self.playhead_at = now
 
+    def lead(self, now: float) -> float:
+        """Audio computed ahead of the listener (what pacing counts)."""
+        return self.produced_s - self.playhead(now)
+
 
 @dataclass(slots=True, eq=False)
 class _Stream(StreamState):
     in_flight: bool = False
     window_index: int = 0
-
-    def lead(self, now: float) -> float:
-        return self.produced_s - self.playhead(now)
+    uncuttable: str | None = None  # buffered text a word cut already found nothing to cut in
 
 
 # ---------------------------------------------------------------- batch I/O
@@ -215,6 +234,10 @@ class StreamScheduler:
         self._streams: dict[int, StreamState] = {}
         self._order: list[int] = []  # admission order, for first-come first-served ties
         self._pending_out: deque[Output] = deque()
+        # Set by release() when an unpaced stream's frames went out: generation for it may have
+        # waited for its consumer (max_held_s), so the runtime wakes the compute loop. Paced
+        # streams need no such wake: their work falls due by the clock (next_work_in).
+        self.consumer_moved = False
 
     # ------------------------------------------------------------ admission
     def admit(self, now: float) -> None:
@@ -288,6 +311,24 @@ class StreamScheduler:
         s = self._streams.get(sid)
         return None if s is None else s.status
 
+    # ------------------------------------------------------------ the clock
+    def next_work_in(self, now: float) -> float | None:
+        """Seconds until the clock makes new work due (None: only an event can).
+
+        This default covers engines that pace at ``lead_s``: a paced stream with work waits for
+        its lead to run down. An engine's scheduler with other deadlines overrides it."""
+        waits = [
+            s.lead(now) - self.opt.lead_s
+            for s in self._streams.values()
+            if not s.status.finished and s.segments and s.pace and s.first_audio_at is not None
+        ]
+        due = [w for w in waits if w > 0]
+        return min(due) if due else None
+
+    def orphaned(self, plan) -> bool:
+        """Whether a running plan computes for nobody any more (default: never abort)."""
+        return False
+
     def _queue(self, s: StreamState, texts: list[str]) -> None:
         """Append the engine's segments for these segmenter outputs."""
         raise NotImplementedError
@@ -348,6 +389,7 @@ class StreamScheduler:
                 s.released_s = h.start_s + len(h.samples) / self.sample_rate
                 s.seq += 1
                 out.append(o)
+                self.consumer_moved |= not s.pace
             if not s.held:
                 self._maybe_done(s)
         while self._pending_out:
@@ -383,17 +425,20 @@ class Scheduler(StreamScheduler):
 
     def __init__(self, *, sample_rate: int, options: SchedulerOptions | None = None) -> None:
         super().__init__(sample_rate=sample_rate, options=options or SchedulerOptions())
-        self.cost_per_audio_s = 0.15  # EMA of compute seconds per audio second; refined live
+        # EMA of worker seconds per audio second; the runtime seeds it from the engine's warm-up
+        # and real batches refine it live.
+        self.cost_per_audio_s = 0.15
 
     # ------------------------------------------------------------ admission
     def refusal(self, now: float) -> Overloaded | None:
         """Why a new stream would be refused now, or ``None`` (also what ``/readyz`` reports).
 
-        Each stream that is talking needs ``cost_per_audio_s`` of the worker per second to stay
-        real time (a moving average measured on real batches: it includes front parts, small
-        first windows, batching gains and a busy machine). One more is admitted while the sum,
-        newcomer included, fits ``capacity``. (Measuring the worker's recent utilisation instead
-        counted streams that had just started twice, and refused at half the real capacity.)
+        Each stream that is talking *or starting* needs ``cost_per_audio_s`` of the worker per
+        second to stay real time (a moving average measured on real batches: it includes front
+        parts, start-up windows and a busy machine). One more is admitted while the sum, newcomer
+        included, fits ``capacity``. Counting streams opened a moment ago that have no text yet
+        matters for bursts: nine ``start`` messages in the same instant were all admitted while
+        none had text, then all fell behind together.
         """
         load = self.load(now)
         if self.opt.max_streams is not None and load >= self.opt.max_streams:
@@ -410,13 +455,20 @@ class Scheduler(StreamScheduler):
         return None
 
     def talking(self, now: float) -> int:
-        """Streams with speech to produce or deliver now (an open context waiting for text is not)."""
+        """Streams with speech to produce or deliver now, or just opened (text is on its way).
+
+        An open context that has waited ``talk_idle_s`` for text is not counted (an agent keeps
+        one open between turns)."""
         return sum(
             1
             for s in self._streams.values()
             if not s.status.finished
-            and s.first_text_at is not None
-            and (s.segments or s.held or s.in_flight or now - s.last_activity < self.opt.talk_idle_s)
+            and (
+                s.segments
+                or s.held
+                or s.in_flight
+                or now - (s.last_activity if s.first_text_at is not None else s.created) < self.opt.talk_idle_s
+            )
         )
 
     def capacity_streams(self) -> int:
@@ -432,26 +484,20 @@ class Scheduler(StreamScheduler):
 
     # ------------------------------------------------------------ planning
     def schedule(self, now: float) -> Batch | None:
-        """Pick this tick's work: first audio first, then earliest deadline (smallest lead)."""
+        """Pick the next batch: start-up work first, then earliest deadline (smallest lead)."""
         candidates: list[tuple[tuple, _Stream, _Segment]] = []
         for sid in self._order:
             s = self._streams[sid]
             if s.status.finished or s.in_flight:
                 continue
-            if not s.segments and s.status is Status.ACTIVE and self._starving(s, now):
-                self._queue(s, s.segmenter.cut_words(self.opt.early_cut_words))
-            seg = next((g for g in s.segments if g.prepared is None or g.remaining > 0), None)
-            if seg is None:
+            self._cut_waiting_text(s, now)
+            seg = self._next_segment(s)
+            if seg is None or self._wait_for_clock(s, now) is not None or self._consumer_behind(s):
                 continue
-            lead = s.lead(now)
-            if s.pace and s.first_audio_at is not None and lead >= max(self.opt.compute_lead_s, self.opt.lead_s):
-                continue
-            if len(s.held) * self.opt.frame_samples > self.opt.max_held_s * self.sample_rate:
-                continue  # unpaced stream whose consumer is not keeping up: wait for it
-            # Start-up work (the first few windows of a stream, while the listener's buffer is
-            # thinnest) goes first and is exempt from the tick budget; then earliest deadline.
+            # Start-up work (a stream's first audio, while the listener's buffer is thinnest) goes
+            # first and is exempt from the batch budget; then earliest deadline.
             starting = s.produced_s < self.opt.startup_s
-            candidates.append(((0 if starting else 1, lead), s, seg))
+            candidates.append(((0 if starting else 1, s.lead(now)), s, seg))
         if not candidates:
             return None
         candidates.sort(key=lambda c: c[0])
@@ -459,11 +505,11 @@ class Scheduler(StreamScheduler):
         windows: list[WindowJob] = []
         frames = 0
         for (rank, lead), s, seg in candidates:
-            if len(preps) + len(windows) >= self.opt.max_jobs:
+            if len(windows) >= self.opt.max_jobs:
                 break
             size = self._window_size(s, lead)
             cost = size + 2 * self.opt.context_frames
-            if rank != 0 and frames + cost > self.opt.max_tick_frames and (preps or windows):
+            if rank != 0 and frames + cost > self.opt.max_tick_frames and windows:
                 continue
             frames += cost
             s.in_flight = True
@@ -473,25 +519,100 @@ class Scheduler(StreamScheduler):
             windows.append(WindowJob(s.sid, seg, seg.cursor, size))
         return Batch(preps, windows)
 
-    def _starving(self, s: _Stream, now: float) -> bool:
-        """Would waiting for punctuation leave the listener in silence?
+    @staticmethod
+    def _next_segment(s: _Stream) -> _Segment | None:
+        return next((g for g in s.segments if g.prepared is None or g.remaining > 0), None)
+
+    def _wait_for_clock(self, s: _Stream, now: float) -> float | None:
+        """Seconds until a paced stream's lead falls below ``compute_lead_s`` (None: not waiting)."""
+        if not s.pace or s.first_audio_at is None:
+            return None
+        ahead = s.lead(now) - max(self.opt.compute_lead_s, self.opt.lead_s)
+        return ahead if ahead >= 0 else None
+
+    def _consumer_behind(self, s: _Stream) -> bool:
+        """An unpaced stream whose consumer is not keeping up: generation waits for release."""
+        return len(s.held) * self.opt.frame_samples > self.opt.max_held_s * self.sample_rate
+
+    def _cut_waiting_text(self, s: _Stream, now: float) -> None:
+        """Queue text the segmenter holds when waiting longer would leave the listener in silence."""
+        if s.segments or s.status is not Status.ACTIVE or not s.segmenter.pending.strip():
+            return
+        if self._text_due_in(s, now) == 0.0:
+            if self._stranded_in(s, now) == 0.0:
+                self._queue(s, s.segmenter.flush())
+                return
+            pending = s.segmenter.pending
+            cut = s.segmenter.cut_words(self.opt.early_cut_words)
+            s.uncuttable = None if cut else pending  # no deadline again until more text comes
+            self._queue(s, cut)
+
+    def _text_due_in(self, s: _Stream, now: float) -> float | None:
+        """Seconds until buffered text is cut (0: now; None: no such deadline)."""
+        waits = [w for w in (self._starving_in(s, now), self._stranded_in(s, now)) if w is not None]
+        return min(waits) if waits else None
+
+    def _starving_in(self, s: _Stream, now: float) -> float | None:
+        """When waiting for punctuation would leave the listener in silence: cut at a word.
 
         Before the first audio: text has waited ``first_cut_s`` (a slow LLM). Later: the audio
-        already sent is about to run out and no text arrived for a while.
+        already sent is about to run out and no text arrived for a while. (Only text of at least
+        ``early_cut_words`` words is cut this way; shorter text waits for :meth:`_stranded_in`.)
         """
-        if s.first_text_at is None or not s.segmenter.pending.strip():
-            return False
+        pending = s.segmenter.pending
+        if s.first_text_at is None or pending == s.uncuttable or len(pending.split()) < self.opt.early_cut_words:
+            return None
         if s.produced_s == 0.0:
-            return now - s.first_text_at >= self.opt.first_cut_s
-        return s.lead(now) < self.opt.starve_lead_s and now - s.last_text_at >= self.opt.first_cut_s / 2
+            return max(0.0, s.first_text_at + self.opt.first_cut_s - now)
+        quiet = s.last_text_at + self.opt.first_cut_s / 2 - now
+        running_dry = s.lead(now) - self.opt.starve_lead_s
+        return max(0.0, quiet, running_dry)
+
+    def _stranded_in(self, s: _Stream, now: float) -> float | None:
+        """Text never stranded: after ``sentence_wait_s`` without new text a buffered sentence
+        is spoken whole (the segmenter confirms a sentence end only when the next character
+        arrives), and after ``fragment_wait_s`` any trailing fragment too."""
+        pending = s.segmenter.pending.rstrip().rstrip(_CLOSERS)
+        if s.first_text_at is None or not pending:
+            return None
+        wait = self.opt.sentence_wait_s if pending[-1] in _SENTENCE_ENDS else self.opt.fragment_wait_s
+        return max(0.0, s.last_text_at + wait - now)
+
+    def next_work_in(self, now: float) -> float | None:
+        """Seconds until the clock makes new work due (None: only an event can).
+
+        Events (text, end, a finished batch, a release) wake the runtime on their own; this is
+        the rest: a paced stream's lead running down to ``compute_lead_s``, buffered text falling
+        due to be cut. ``schedule`` at that time finds the work."""
+        best: float | None = None
+        for s in self._streams.values():
+            if s.status.finished or s.in_flight:
+                continue
+            waits = []
+            if self._next_segment(s) is not None and not self._consumer_behind(s):
+                waits.append(self._wait_for_clock(s, now))
+            elif not s.segments and s.status is Status.ACTIVE:
+                waits.append(self._text_due_in(s, now))
+            for w in waits:
+                if w is not None:
+                    best = w if best is None else min(best, w)
+        return best
+
+    def orphaned(self, batch: Batch) -> bool:
+        """A running batch every stream of which has finished (cancelled, failed): nobody needs it."""
+        return all((st := self.status(sid)) is None or st.finished for sid in batch.sids)
 
     def _window_size(self, s: _Stream, lead: float) -> int:
-        """Small windows while the listener is waiting (first audio, or after a stall), then grow."""
+        """The first window small (fast first audio), then growing; a stream that fell behind
+        gets the largest, which catches it up soonest per second of compute.
+
+        (Falling back to the smallest windows after a stall made a stalled stream the least
+        efficient one: in a burst of nine that fed back into 8-9 s of silence each.)"""
         sizes = self.opt.windows
-        if s.produced_s == 0.0 or (s.pace and lead <= 0.0):
+        if s.produced_s == 0.0:
             s.window_index = 0
-        elif not s.pace:
-            s.window_index = max(s.window_index, len(sizes) - 2)
+        elif not s.pace or lead <= 0.0:
+            s.window_index = max(s.window_index, len(sizes) - 1 if lead <= 0.0 else len(sizes) - 2)
         return sizes[min(s.window_index, len(sizes) - 1)]
 
     # ------------------------------------------------------------ results

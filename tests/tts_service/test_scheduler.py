@@ -153,8 +153,8 @@ def test_first_audio_has_priority_over_playing_streams() -> None:
     assert batch.windows[0].size == sched.opt.windows[0]  # and with the smallest window
 
 
-def test_windows_of_several_streams_share_a_batch() -> None:
-    sched = new()
+def test_windows_of_several_streams_share_a_batch_where_batching_pays() -> None:
+    sched = new(SchedulerOptions(max_jobs=8))  # the runtime's setting on CUDA
     for sid in (1, 2, 3):
         sched.add(sid, voice="v", pace=False, now=0.0)
         sched.push_text(sid, "Hello to all of you. ", now=0.0)
@@ -236,7 +236,7 @@ def test_unpaced_stream_runs_ahead() -> None:
 
 
 def test_cancel_between_schedule_and_update_discards_outputs() -> None:
-    sched = new()
+    sched = new(SchedulerOptions(max_jobs=8))  # a batch of both streams
     for sid in (1, 2):
         sched.add(sid, voice="v", pace=False, now=0.0)
         sched.push_text(sid, "Some words to say here. And more words after that. ", now=0.0)
@@ -360,12 +360,28 @@ def test_a_slow_machine_still_serves_one_stream() -> None:
         sched.admit(0.0)
 
 
-def test_contexts_without_text_do_not_count_against_admission() -> None:
+def test_a_burst_of_starts_counts_before_any_text_arrives() -> None:
+    """Nine starts in the same instant: the streams just opened count (their text is on its way),
+    so admission stops at capacity instead of taking all nine and letting all fall behind."""
     sched = new(SchedulerOptions(capacity=0.85))
-    sched.cost_per_audio_s = 0.3
-    for sid in range(1, 6):
-        sched.admit(0.0)
+    sched.cost_per_audio_s = 0.2  # room for four
+    admitted = 0
+    for sid in range(1, 10):
+        try:
+            sched.admit(0.0)
+        except Overloaded:
+            continue
         sched.add(sid, voice="v", pace=True, now=0.0)
+        admitted += 1
+    assert admitted == 4 == sched.capacity_streams()
+
+
+def test_contexts_idle_without_text_stop_counting_against_admission() -> None:
+    sched = new(SchedulerOptions(capacity=0.85, talk_idle_s=1.0))
+    sched.cost_per_audio_s = 0.3
+    for sid in range(1, 6):  # an agent keeps a context open between turns
+        sched.admit(1.5 * sid)
+        sched.add(sid, voice="v", pace=True, now=1.5 * sid)
 
 
 def test_admission_max_streams() -> None:
@@ -418,11 +434,57 @@ def test_text_without_punctuation_is_cut_at_a_word_after_first_cut_s() -> None:
     assert of(outs, 1, "done")
 
 
-def test_too_few_words_wait_for_more_text() -> None:
-    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3))
+def test_too_few_words_wait_for_more_text_then_for_the_fragment_wait() -> None:
+    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3, fragment_wait_s=0.8))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, "Well then", 0.0)
-    assert sched.schedule(5.0) is None
+    assert sched.schedule(0.5) is None  # not cut at a word: too few words
+    assert sched.next_work_in(0.5) == pytest.approx(0.3)
+    batch = sched.schedule(0.8)
+    assert batch is not None and [j.segment.text for j in batch.preps] == ["Well then"]
+
+
+@pytest.mark.parametrize(
+    ("text", "wait_s", "spoken"),
+    [
+        ("Hi there.", 0.3, ["Hi there."]),
+        ("Okay", 0.8, ["Okay"]),
+        ('He said "no."', 0.3, ['He said "no."']),
+    ],
+)
+def test_text_is_never_stranded(text: str, wait_s: float, spoken: list[str]) -> None:
+    """No flush, no end, no more text: a sentence is spoken after sentence_wait_s, a fragment
+    after fragment_wait_s (the runtime is woken for it by next_work_in)."""
+    sched = new(SchedulerOptions(sentence_wait_s=0.3, fragment_wait_s=0.8))
+    sched.add(1, voice="v", pace=True, now=10.0)
+    sched.push_text(1, text, 10.0)
+    assert sched.schedule(10.0 + wait_s - 0.01) is None
+    assert sched.next_work_in(10.0 + wait_s - 0.01) == pytest.approx(0.01)
+    batch = sched.schedule(10.0 + wait_s)
+    assert batch is not None and [j.segment.text.strip() for j in batch.preps] == spoken
+
+
+def test_last_word_of_a_sentence_is_not_stranded() -> None:
+    """'Thanks for calling today.': the early cut takes 'Thanks for calling' at first_cut_s;
+    'today.' follows sentence_wait_s after the last text."""
+    sched = new(SchedulerOptions(first_cut_s=0.4, sentence_wait_s=0.3))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, "Thanks for calling today.", 0.0)
+    assert sched.next_work_in(0.0) == pytest.approx(0.3)
+    batch = sched.schedule(0.3)
+    assert batch is not None
+    sched.update(batch, compute(batch), 0.3)
+    words = [w for o in of(sched.release(0.3), 1, "words") for w, _, _ in o.words or []]
+    assert words == ["Thanks", "for", "calling", "today."]
+
+
+def test_an_uncuttable_text_does_not_keep_the_runtime_awake() -> None:
+    """A word cut that finds nothing to cut must not leave a deadline of 0 (a busy loop)."""
+    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3, fragment_wait_s=0.8))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, "the of the", 0.0)  # only function words: nowhere to cut
+    assert sched.schedule(0.5) is None
+    assert sched.next_work_in(0.5) == pytest.approx(0.3)  # the fragment wait, not 0
 
 
 def test_a_stream_about_to_run_dry_cuts_early_too() -> None:
@@ -437,3 +499,88 @@ def test_a_stream_about_to_run_dry_cuts_early_too() -> None:
     # The listener has nearly caught up with what was sent and no text came for a while.
     batch = sched.schedule(played - 0.05)
     assert batch is not None and batch.preps[0].segment.text == "And then a slow continuation"
+
+
+# ---------------------------------------------------------------- the clock, window by window
+
+
+def _fill(sched: Scheduler, now: float) -> list[Output]:
+    """Compute every batch due at ``now`` one at a time, releasing after each (as the runtime
+    does: deliver as computed)."""
+    out: list[Output] = []
+    while (batch := sched.schedule(now)) is not None:
+        sched.update(batch, compute(batch), now)
+        out += sched.release(now)
+    return out
+
+
+def test_window_by_window_delivery_and_startup_priority() -> None:
+    """Each batch is one window of one stream, and its audio is released as soon as it is
+    folded in; a newcomer's first window goes before a playing stream's next one."""
+    sched = new(SchedulerOptions(windows=(54, 64)))  # as the runtime sets them for the Piper voice
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 60) + ". ", now=0.0)
+    assert of(_fill(sched, 0.0), 1, "audio")  # stream 1 is playing, computed ahead to its lead
+    now = 1.0  # stream 1 needs its next window (0.37 s of audio left) ...
+    for step in range(1, 11):  # its frames went out as they fell due
+        sched.release(step / 10)
+    sched.add(2, voice="v", pace=True, now=now)
+    sched.push_text(2, "A newcomer says hello. ", now=now)
+    first = sched.schedule(now)
+    assert first is not None and first.sids == {2} and len(first.windows) == 1  # ... but 2 goes first
+    sched.update(first, compute(first), now)
+    out = sched.release(now)
+    assert of(out, 2, "audio") and not of(out, 1, "audio")  # out at once, before 1's window is computed
+    second = sched.schedule(now)
+    assert second is not None and second.sids == {1} and len(second.windows) == 1
+    sched.update(second, compute(second), now)
+    assert sched.schedule(now) is not None  # stream 2 again: one window per batch, in turn
+
+
+def test_the_scheduler_says_when_paced_work_falls_due() -> None:
+    sched = new(SchedulerOptions(lead_s=0.4, compute_lead_s=1.0))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)
+    _fill(sched, 0.0)
+    wait = sched.next_work_in(0.0)
+    assert wait is not None and 0.0 < wait < 1.0  # lead above compute_lead_s: sleep this long
+    assert sched.schedule(wait - 0.01) is None
+    _ = sched.release(wait - 0.01)
+    assert sched.schedule(wait + 0.01) is not None
+    assert sched.next_release_in(wait) is not None
+
+
+def test_nothing_due_means_no_wake_up() -> None:
+    sched = new()
+    sched.add(1, voice="v", pace=True, now=0.0)  # an open context waiting for text
+    assert sched.schedule(0.0) is None and sched.next_work_in(0.0) is None
+    assert sched.next_release_in(0.0) is None
+
+
+def test_a_stream_that_fell_behind_gets_the_largest_windows() -> None:
+    """After a stall the listener is waiting: windows grow to the largest, never back to the
+    smallest (which made stalled streams the least efficient ones in a burst)."""
+    sched = new(SchedulerOptions(windows=(6, 12, 24, 48, 64)))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None and batch.windows[0].size == 6
+    sched.update(batch, compute(batch), 0.0)
+    sched.release(0.0)
+    later = 5.0  # the worker was busy elsewhere: the listener has played everything
+    batch = sched.schedule(later)
+    assert batch is not None and batch.windows[0].size == 64
+
+
+def test_a_batch_is_orphaned_once_all_its_streams_finished() -> None:
+    sched = new(SchedulerOptions(max_jobs=8))
+    for sid in (1, 2):
+        sched.add(sid, voice="v", pace=True, now=0.0)
+        sched.push_text(sid, "Hello there my friend. ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None and batch.sids == {1, 2}
+    sched.cancel(1)
+    assert not sched.orphaned(batch)
+    sched.cancel(2)
+    sched.discard(2)
+    assert sched.orphaned(batch)

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 
 class OrpheusSynthesizer(SynthesizerBase):
-    poll_s = 0.01  # paced streams become eligible as their listener's playhead moves
     task_prefix = "streamvox-orpheus"
     thread_prefix = "streamvox-orpheus"
     _log = log
@@ -42,9 +41,6 @@ class OrpheusSynthesizer(SynthesizerBase):
             max_prompt=engine.max_prompt,
         )
         super().__init__(engine, scheduler, metrics)
-
-    def _poll_when_idle(self) -> bool:
-        return self.scheduler.has_work()
 
     async def _run(self, plan: TickPlan) -> TickResult:
         try:

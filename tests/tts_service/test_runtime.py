@@ -1,0 +1,92 @@
+"""The runtime with the real voice: it sleeps until the scheduler's clock or an event says so
+(no polling loop), and delivers each window's audio as soon as that window is computed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tts_service.engine import PiperEngine
+from tts_service.runtime import Synthesizer
+from tts_service.scheduler import Output, SchedulerOptions
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.outputs: list[tuple[float, Output]] = []
+        self.done = asyncio.Event()
+
+    def deliver(self, out: Output) -> None:
+        self.outputs.append((time.monotonic(), out))
+        if out.kind in ("done", "error"):
+            self.done.set()
+
+    def backed_up(self) -> bool:
+        return False
+
+
+@pytest.fixture
+async def synth(engine: PiperEngine):
+    synth = Synthesizer(engine, options=SchedulerOptions(capacity=1000.0))
+    await synth.start()
+    yield synth
+    await synth.stop()
+
+
+def _count_calls(obj, name: str) -> list[float]:
+    calls: list[float] = []
+    original = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls.append(time.monotonic())
+        return original(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+async def test_the_runtime_has_no_polling_loop(synth: Synthesizer) -> None:
+    """A fixed-interval poll would call schedule() every few ms while a stream is live. Here it is
+    called once per batch plus the wake-ups the scheduler asked for (paced work falling due)."""
+    schedules = _count_calls(synth.scheduler, "schedule")
+    batches = _count_calls(synth, "_run")
+    sink = ListSink()
+    sid = synth.open(sink, voice=None, pace=True)
+    await asyncio.sleep(0.5)  # an open context without text: nothing to compute, nothing to wake for
+    assert len(schedules) <= 1, schedules
+    synth.push_text(sid, "Hello there, this is a short reply that lasts for a few seconds of audio.")
+    synth.end(sid)
+    t0 = time.monotonic()
+    await asyncio.wait_for(sink.done.wait(), 30)
+    elapsed = time.monotonic() - t0
+    audio_s = sum(len(o.samples) for _, o in sink.outputs if o.kind == "audio") / synth.engine.sample_rate
+    assert audio_s > 2.5 and elapsed > audio_s - 1.0  # paced: delivery took about real time
+    # per batch: the schedule() that made it and the one after it; plus one wake per paced
+    # deadline (a window is ~0.7 s of audio, so a handful). A 20 ms poll would add elapsed / 0.02.
+    assert len(schedules) <= 2 * len(batches) + 2 + audio_s / 0.5, (len(schedules), len(batches), elapsed)
+    assert len(schedules) < elapsed / 0.02 / 2
+
+
+async def test_each_window_is_delivered_when_computed_startup_first(synth: Synthesizer) -> None:
+    """Two unpaced streams: every batch holds one window, and its audio reaches the sink before
+    the next batch starts; the second stream's first window goes before the first stream's rest."""
+    batches = _count_calls(synth, "_run")
+    a, b = ListSink(), ListSink()
+    first = synth.open(a, voice=None, pace=False)
+    synth.push_text(first, "The first stream speaks a long sentence that needs several windows to decode.")
+    synth.end(first)
+    await asyncio.sleep(0)  # let the compute loop take stream 1's first batch
+    second = synth.open(b, voice=None, pace=False)
+    synth.push_text(second, "A second stream, starting later.")
+    synth.end(second)
+    await asyncio.wait_for(asyncio.gather(a.done.wait(), b.done.wait()), 30)
+    audio_a = [t for t, o in a.outputs if o.kind == "audio"]
+    audio_b = [t for t, o in b.outputs if o.kind == "audio"]
+    # stream 1's audio arrived in several deliveries (one per window), not all at once at the end
+    deliveries_a = sorted({round(t, 3) for t in audio_a})
+    assert len(deliveries_a) >= 3
+    # stream 2's first audio came before stream 1 had finished: its start-up went first
+    assert audio_b[0] < audio_a[-1]
+    assert len(batches) >= len(deliveries_a)
