@@ -35,7 +35,21 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get("STREAMVOX_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $STREAMVOX_API_KEY, none if unset)",
+        help="require 'Authorization: Bearer KEY' (default: $STREAMVOX_API_KEY, none if unset); "
+        "prefer --api-key-file or the variable: a key on the command line shows in the process list",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=os.environ.get("STREAMVOX_API_KEY_FILE"),
+        metavar="PATH",
+        help="read the API key from this file (a mounted secret; default: $STREAMVOX_API_KEY_FILE)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=float(os.environ.get("STREAMVOX_DRAIN_TIMEOUT", 30)),
+        metavar="S",
+        help="on SIGTERM, how long live contexts may take to finish before they are cut off (default 30)",
     )
     p.add_argument("--lead-ms", type=int, default=400, help="how far paced streams run ahead of playback")
     p.add_argument("--max-streams", type=int, default=None, help="hard cap on concurrent streams")
@@ -127,12 +141,26 @@ def load_engine(voice_paths: list[str], *, device: str = "cpu", threads: int | N
         raise CliError(str(exc)) from None
 
 
-def serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
+def _api_key(args: argparse.Namespace) -> str | None:
+    if not args.api_key_file:
+        return args.api_key or None
+    try:
+        key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CliError(f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}") from None
+    if not key:
+        raise CliError(f"--api-key-file {args.api_key_file} is empty; put the key in it")
+    return key
 
+
+def serve(args: argparse.Namespace) -> int:
     from .runtime import Synthesizer
     from .scheduler import SchedulerOptions
-    from .server import Server, ServerConfig
+    from .server import Server, ServerConfig, run
+
+    if args.drain_timeout < 0:
+        raise CliError("--drain-timeout must be >= 0 seconds")
+    api_key = _api_key(args)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.engine == "orpheus":
@@ -148,7 +176,11 @@ def serve(args: argparse.Namespace) -> int:
         synth = Synthesizer(engine, options=options)
     engine = synth.engine
     config = ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key or None, limits=P.Limits(max_contexts=args.max_contexts)
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        limits=P.Limits(max_contexts=args.max_contexts),
+        drain_timeout_s=args.drain_timeout,
     )
     server = Server(synth, config)
     url = f"ws://{args.host}:{args.port}{P.WS_PATH}"
@@ -159,7 +191,7 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(engine, "random_weights", None):
         print(f"WARNING: --random-weights {engine.random_weights}: the audio of every stream is noise", flush=True)
     try:
-        web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
+        asyncio.run(run(server, host=args.host, port=args.port))  # SIGTERM drains; a second one stops
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port") from None
     return 0

@@ -51,6 +51,19 @@ class Metrics:
         self.frames_dropped = Counter(
             "streamvox_frames_dropped", "Computed frames never sent because of a cancel", registry=r
         )
+        self.load = Gauge(
+            "streamvox_load",
+            "Share of the admission budget in use, 0..1 (1: new streams are refused); for placement and autoscaling",
+            registry=r,
+        )
+        self.draining = Gauge("streamvox_draining", "1 while the server drains for shutdown", registry=r)
+        self.connections = Gauge("streamvox_connections", "Open WebSocket connections", registry=r)
+        self.connections_closed = Counter(
+            "streamvox_connections_closed",
+            "WebSocket connections the server closed, by reason (not_reading, too_big, drained)",
+            ["reason"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

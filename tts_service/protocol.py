@@ -14,6 +14,7 @@ audio of its previous incarnation.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -22,6 +23,7 @@ PROTOCOL_VERSION: Final = 1
 DEFAULT_PORT: Final = 8765
 WS_PATH: Final = "/v1/stream"
 HTTP_TTS_PATH: Final = "/v1/tts"
+ADMIN_DRAIN_PATH: Final = "/v1/admin/drain"
 
 HEADER = struct.Struct("<II")
 HEADER_SIZE: Final = HEADER.size
@@ -53,6 +55,7 @@ class MsgType:
     CANCELLED = "cancelled"
     ERROR = "error"
     PONG = "pong"
+    DRAINING = "draining"
 
 
 CLIENT_TYPES: Final = frozenset({MsgType.START, MsgType.TEXT, MsgType.FLUSH, MsgType.END, MsgType.CANCEL, MsgType.PING})
@@ -68,6 +71,22 @@ class ErrorCode:
     OVERLOADED = "overloaded"
     INTERNAL = "internal"
     UNAUTHORIZED = "unauthorized"
+    DRAINING = "draining"  # the server is shutting down: open the context elsewhere (retry_after_ms)
+    SHUTTING_DOWN = "shutting_down"  # the drain deadline cut this live context off
+
+
+class CloseCode:
+    """WebSocket close codes the server uses (RFC 6455 section 7.4.1), each with a reason text."""
+
+    GOING_AWAY = 1001  # the server drained and is shutting down: reconnect (elsewhere)
+    POLICY = 1008  # the client let the server's send queue overflow (it does not read)
+    TOO_BIG = 1009  # one message over ``Limits.max_message_bytes``
+
+
+# Python's json accepts NaN/Infinity and turns 1e400 into inf, neither of which strict parsers
+# (browsers, serde, Go) accept back; integers beyond this many digits cannot even be converted.
+MAX_INT_DIGITS: Final = 4300
+MAX_PING_ID_CHARS: Final = 1024  # the JSON of a ping id; the pong echoes it, so it is bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +97,14 @@ class Limits:
     max_context_chars: int = 100_000
     max_contexts: int = 16
     max_context_id_chars: int = 128
+    # Messages up to this many bytes are read and answered (text_too_long, bad_request); a bigger
+    # one closes the connection with 1009. It must hold max_text_chars characters escaped as
+    # \uXXXX pairs (12 bytes each), so the server takes the larger of the two.
+    max_message_bytes: int = 2 * 1024 * 1024
+
+    def message_cap(self) -> int:
+        """The hard cap in bytes on one WebSocket message (and one HTTP body)."""
+        return max(self.max_message_bytes, 12 * self.max_text_chars + 4096)
 
 
 class ProtocolError(Exception):
@@ -88,6 +115,7 @@ class ProtocolError(Exception):
         self.code = code
         self.message = message
         self.context_id = context_id
+        self.msg_type: str | None = None  # the refused message's type, once it is known
 
 
 # ---------------------------------------------------------------- client -> server
@@ -121,12 +149,74 @@ def _opt(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], ctx: str 
     return value
 
 
-def parse_client_message(raw: str, limits: Limits = Limits()) -> ClientMessage:
-    """Parse and validate one client text message; raise :class:`ProtocolError` on bad input."""
+def _refuse_constant(name: str) -> Any:
+    raise ProtocolError(ErrorCode.BAD_REQUEST, f"{name} is not valid JSON; send finite numbers only")
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"number {token[:40]} is out of range (not a finite double)")
+    return value
+
+
+def _bounded_int(token: str) -> int:
+    if len(token.lstrip("-")) > MAX_INT_DIGITS:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, f"an integer of {len(token)} digits is too long (at most {MAX_INT_DIGITS})"
+        )
+    return int(token)
+
+
+def loads_strict(raw: str | bytes) -> Any:
+    """``json.loads`` that refuses what could not be sent back as strict JSON: NaN, Infinity,
+    numbers that overflow a double, integers too long to convert (raises :class:`ProtocolError`)."""
     try:
-        obj = json.loads(raw)
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except (ValueError, RecursionError):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "message is not valid JSON") from None
+
+
+def check_text(text: str, ctx: str | None = None) -> None:
+    """Refuse text the phonemizer cannot take: NUL characters and lone UTF-16 surrogates."""
+    if "\x00" in text:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "text contains a NUL character (\\u0000); remove it", ctx)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST,
+            f"text contains a lone surrogate (\\u{ord(text[exc.start]):04x}) at position {exc.start};"
+            " send valid Unicode",
+            ctx,
+        ) from None
+
+
+def _ping_id(value: Any) -> Any:
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        encoded.encode("utf-8")
+    except (ValueError, UnicodeEncodeError):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "ping 'id' must be valid Unicode JSON") from None
+    if len(encoded) > MAX_PING_ID_CHARS:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, f"ping 'id' is {len(encoded)} characters of JSON; at most {MAX_PING_ID_CHARS}"
+        )
+    return value
+
+
+def parse_client_message(raw: str, limits: Limits = Limits()) -> ClientMessage:
+    """Parse and validate one client text message; raise :class:`ProtocolError` on bad input."""
+    obj = loads_strict(raw)
+    mtype = obj.get("type") if isinstance(obj, dict) else None
+    try:
+        return _validate(obj, limits)
+    except ProtocolError as exc:
+        exc.msg_type = mtype if isinstance(mtype, str) else None
+        raise
+
+
+def _validate(obj: Any, limits: Limits) -> ClientMessage:
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "message must be a JSON object")
     mtype = obj.get("type")
@@ -138,7 +228,7 @@ def parse_client_message(raw: str, limits: Limits = Limits()) -> ClientMessage:
             f"unknown message type {mtype!r}; expected one of {sorted(CLIENT_TYPES)}",
         )
     if mtype == MsgType.PING:
-        return ClientMessage(type=mtype, ping_id=obj.get("id"))
+        return ClientMessage(type=mtype, ping_id=_ping_id(obj.get("id")))
 
     ctx = obj.get("context_id")
     if not isinstance(ctx, str) or not ctx:
@@ -147,6 +237,12 @@ def parse_client_message(raw: str, limits: Limits = Limits()) -> ClientMessage:
         raise ProtocolError(
             ErrorCode.BAD_REQUEST, f"'context_id' is longer than {limits.max_context_id_chars} characters"
         )
+    try:  # the id is echoed in replies: it must be valid Unicode (no lone surrogates)
+        ctx.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, "'context_id' contains a lone surrogate; send valid Unicode"
+        ) from None
     msg = ClientMessage(type=mtype, context_id=ctx)
     if mtype in (MsgType.START, MsgType.TEXT):
         text = _opt(obj, "text", str, ctx)
@@ -159,6 +255,8 @@ def parse_client_message(raw: str, limits: Limits = Limits()) -> ClientMessage:
                 " send it in several 'text' messages",
                 ctx,
             )
+        if text is not None:
+            check_text(text, ctx)
         msg.text = text
     if mtype == MsgType.START:
         msg.voice = _opt(obj, "voice", str, ctx)
@@ -281,7 +379,13 @@ def error(code: str, message: str, context_id: str | None = None, **extra: Any) 
 
 
 def pong(ping_id: Any) -> str:
-    return json.dumps({"type": MsgType.PONG, "id": ping_id})
+    # allow_nan=False: a non-finite id must fail here, loudly, rather than put NaN on the wire
+    return json.dumps({"type": MsgType.PONG, "id": ping_id}, allow_nan=False)
+
+
+def draining(retry_after_ms: int, deadline_ms: int) -> str:
+    """The in-band shutdown notice: no new context here; live ones finish within ``deadline_ms``."""
+    return json.dumps({"type": MsgType.DRAINING, "retry_after_ms": retry_after_ms, "deadline_ms": deadline_ms})
 
 
 def pack_frame(stream: int, seq: int, payload: bytes) -> bytes:

@@ -1,18 +1,21 @@
-"""aiohttp transports: WebSocket protocol v1 and HTTP chunked streaming. Thin I/O only.
+"""aiohttp transports: WebSocket protocol v1 and HTTP chunked streaming, plus the drain. Thin I/O.
 
-Every connection owns an *outbox* drained by one writer task, so audio of many contexts and
-control messages leave in a single order. A cancel removes the context's frames still in the
-outbox, then queues the ack: nothing of that context can follow the ack onto the wire.
+The WebSocket connection itself (contexts, tombstones, the bounded outbox) is
+:mod:`tts_service.ws`. This module builds the application around one :class:`Synthesizer`:
+routes, the API key, HTTP one-shot streams, health and load, and the *drain* that a SIGTERM
+(or ``POST /v1/admin/drain``) starts: readiness 503 at once, an in-band ``draining`` notice on
+every connection, new contexts refused, live ones finished within ``drain_timeout_s``, then an
+explicit ``shutting_down`` error for whatever is still live and a 1001 close. A load balancer
+gets its drain phase and no client mistakes a cut-off for a finished utterance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import logging
+import signal
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,12 +24,15 @@ from aiohttp import WSMsgType, web
 from . import protocol as P
 from .audio import StreamEncoder, wav_header
 from .metrics import Metrics
-from .protocol import ErrorCode, Limits, MsgType, ProtocolError
+from .protocol import CloseCode, ErrorCode, Limits, ProtocolError
 from .runtime import Synthesizer
 from .scheduler import Output, Overloaded
+from .ws import OUTBOX_HIGH_WATER, YIELD_EVERY, Connection, close_ws
 
 log = logging.getLogger(__name__)
-OUTBOX_HIGH_WATER = 48  # queued audio frames per connection before unpaced streams are held back
+_Connection = Connection  # the name tests (and older code) patch
+DRAIN_RETRY_AFTER_MS = 1000  # what a draining server tells refused clients: go elsewhere, soon
+HTTP_CHUNK_TIMEOUT_S = 60.0  # a one-shot stream whose next audio takes longer than this is ended
 
 
 @dataclass(slots=True)
@@ -35,272 +41,25 @@ class ServerConfig:
     port: int = P.DEFAULT_PORT
     api_key: str | None = None
     limits: Limits = field(default_factory=Limits)
-
-
-# ---------------------------------------------------------------- WebSocket
-
-
-@dataclass(slots=True)
-class _Context:
-    context_id: str
-    sid: int
-    stream: int
-    encoder: StreamEncoder
-    chars: int = 0
-    frames_sent: int = 0
-
-
-class _Connection:
-    """One WebSocket client: its contexts, its outbox, its writer."""
-
-    def __init__(self, ws: web.WebSocketResponse, synth: Synthesizer, limits: Limits) -> None:
-        self.ws = ws
-        self.synth = synth
-        self.limits = limits
-        self.contexts: dict[str, _Context] = {}
-        self.by_sid: dict[int, _Context] = {}
-        self._stream_numbers = itertools.count(1)
-        self._outbox: deque[tuple[int | None, str | bytes]] = deque()
-        self._queued_frames = 0
-        self._wake = asyncio.Event()
-        self._closed = False
-
-    # -- outbox
-    def send(self, msg: str | bytes, sid: int | None = None) -> None:
-        if self._closed:
-            return
-        self._outbox.append((sid, msg))
-        if isinstance(msg, bytes):
-            self._queued_frames += 1
-        self._wake.set()
-
-    def purge(self, sid: int) -> int:
-        """Remove a stream's unsent messages; return how many audio frames were removed."""
-        kept: deque[tuple[int | None, str | bytes]] = deque()
-        dropped = 0
-        for item in self._outbox:
-            if item[0] == sid:
-                if isinstance(item[1], bytes):
-                    dropped += 1
-            else:
-                kept.append(item)
-        self._outbox = kept
-        self._queued_frames -= dropped
-        return dropped
-
-    async def writer(self) -> None:
-        try:
-            while True:
-                while not self._outbox:
-                    self._wake.clear()
-                    await self._wake.wait()
-                _, msg = self._outbox.popleft()
-                if isinstance(msg, bytes):
-                    self._queued_frames -= 1
-                    await self.ws.send_bytes(msg)
-                else:
-                    await self.ws.send_str(msg)
-        except (ConnectionError, RuntimeError):  # peer went away; the reader notices too
-            self._closed = True
-
-    # -- sink protocol, one adapter per context
-    def sink(self, ctx_id: str) -> _ContextSink:
-        return _ContextSink(self, ctx_id)
-
-    def deliver(self, ctx_id: str, out: Output) -> None:
-        ctx = self.contexts.get(ctx_id)
-        if ctx is None or ctx.sid != out.sid:
-            return  # the gate: a stale stream never reaches a reused context id
-        if out.kind == "audio":
-            payload = ctx.encoder.encode(out.samples)
-            if payload:
-                self.send(P.pack_frame(ctx.stream, ctx.frames_sent, payload), ctx.sid)
-                ctx.frames_sent += 1
-        elif out.kind == "words":
-            self.send(P.words(ctx_id, out.words or []), ctx.sid)
-        elif out.kind == "done":
-            tail = ctx.encoder.encode(_EMPTY, last=True)  # the resampler's last samples
-            if tail:
-                self.send(P.pack_frame(ctx.stream, ctx.frames_sent, tail), ctx.sid)
-                ctx.frames_sent += 1
-            self.send(P.done(ctx_id, ctx.frames_sent, out.audio_ms), ctx.sid)
-            self._forget(ctx_id)
-        elif out.kind == "error":
-            self.send(P.error(out.code, out.message, ctx_id, context_ended=True), ctx.sid)
-            self._forget(ctx_id)
-
-    def _forget(self, ctx_id: str) -> None:
-        ctx = self.contexts.pop(ctx_id, None)
-        if ctx is not None:
-            self.by_sid.pop(ctx.sid, None)
-
-    # -- client messages
-    def handle(self, raw: str) -> None:
-        try:
-            msg = P.parse_client_message(raw, self.limits)
-            getattr(self, f"_on_{msg.type}")(msg)
-        except ProtocolError as exc:
-            self.synth.metrics.errors.labels(exc.code).inc()
-            # A context that is not live (never started, or refused at start) has ended as far as the client
-            # is concerned; an error about one message of a live context leaves that context running.
-            extra = {"context_ended": exc.context_id not in self.contexts} if exc.context_id else {}
-            self.send(P.error(exc.code, exc.message, exc.context_id, **extra))
-
-    def _open(self, msg: P.ClientMessage) -> _Context:
-        ctx_id = msg.context_id or ""
-        if ctx_id in self.contexts:
-            raise ProtocolError(
-                ErrorCode.BAD_REQUEST, f"context {ctx_id!r} is already live; cancel or end it first", ctx_id
-            )
-        if len(self.contexts) >= self.limits.max_contexts:
-            raise ProtocolError(
-                ErrorCode.TOO_MANY_CONTEXTS,
-                f"{self.limits.max_contexts} contexts are live on this connection; end or cancel one",
-                ctx_id,
-            )
-        voice = msg.voice
-        if voice is not None and voice not in self.synth.engine.voices:
-            raise ProtocolError(
-                ErrorCode.UNKNOWN_VOICE,
-                f"unknown voice {voice!r}; available: {sorted(self.synth.engine.voices)}",
-                ctx_id,
-            )
-        rate = msg.sample_rate or self.synth.engine.sample_rate
-        encoding = msg.encoding or P.PCM_S16LE
-        sink = self.sink(ctx_id)
-        try:
-            sid = self.synth.open(sink, voice=voice, pace=True if msg.pace is None else msg.pace)
-        except Overloaded as exc:
-            self.synth.metrics.errors.labels(ErrorCode.OVERLOADED).inc()
-            self.send(
-                P.error(
-                    ErrorCode.OVERLOADED,
-                    f"server overloaded: {exc.reason}; retry later",
-                    ctx_id,
-                    retry_after_ms=exc.retry_after_ms,
-                    context_ended=True,
-                )
-            )
-            raise _Handled() from None
-        ctx = _Context(
-            ctx_id,
-            sid,
-            next(self._stream_numbers),
-            StreamEncoder(in_rate=self.synth.engine.sample_rate, out_rate=rate, encoding=encoding),
-        )
-        self.contexts[ctx_id] = ctx
-        self.by_sid[sid] = ctx
-        self.send(P.started(ctx_id, ctx.stream, rate, encoding))
-        return ctx
-
-    def _on_start(self, msg: P.ClientMessage) -> None:
-        try:
-            ctx = self._open(msg)
-        except _Handled:
-            return
-        if msg.text:
-            self._append(ctx, msg.text)
-
-    def _on_text(self, msg: P.ClientMessage) -> None:
-        ctx = self.contexts.get(msg.context_id or "")
-        if ctx is None:
-            try:
-                ctx = self._open(P.ClientMessage(type=MsgType.START, context_id=msg.context_id))
-            except _Handled:
-                return
-        self._append(ctx, msg.text or "")
-
-    def _append(self, ctx: _Context, text: str) -> None:
-        if ctx.chars + len(text) > self.limits.max_context_chars:
-            raise ProtocolError(
-                ErrorCode.TEXT_TOO_LONG,
-                f"context text would exceed {self.limits.max_context_chars} characters; "
-                "end this context and continue in a new one",
-                ctx.context_id,
-            )
-        try:
-            self.synth.push_text(ctx.sid, text)
-        except ValueError as exc:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), ctx.context_id) from None
-        except KeyError:
-            raise _finished(ctx.context_id) from None
-        ctx.chars += len(text)
-
-    def _known(self, msg: P.ClientMessage) -> _Context:
-        ctx = self.contexts.get(msg.context_id or "")
-        if ctx is None:
-            raise ProtocolError(
-                ErrorCode.BAD_REQUEST, f"unknown context {msg.context_id!r}; send 'start' first", msg.context_id
-            )
-        return ctx
-
-    def _on_flush(self, msg: P.ClientMessage) -> None:
-        try:
-            self.synth.flush(self._known(msg).sid)
-        except KeyError:
-            raise _finished(msg.context_id) from None
-
-    def _on_end(self, msg: P.ClientMessage) -> None:
-        ctx = self._known(msg)
-        try:
-            self.synth.end(ctx.sid)
-        except KeyError:
-            pass  # already finishing
-
-    def _on_cancel(self, msg: P.ClientMessage) -> None:
-        t0 = time.perf_counter()
-        ctx_id = msg.context_id or ""
-        ctx = self.contexts.get(ctx_id)
-        dropped = 0
-        if ctx is not None:
-            dropped = self.synth.cancel(ctx.sid) + self.purge(ctx.sid)
-            self._forget(ctx_id)
-        self.send(P.cancelled(ctx_id, dropped))
-        self.synth.metrics.cancel_ack.observe(time.perf_counter() - t0)
-
-    def _on_ping(self, msg: P.ClientMessage) -> None:
-        self.send(P.pong(msg.ping_id))
-
-    def close(self) -> None:
-        self._closed = True
-        for ctx in list(self.contexts.values()):
-            self.synth.cancel(ctx.sid)
-        self.contexts.clear()
-        self.by_sid.clear()
-
-
-_EMPTY = np.zeros(0, dtype=np.float32)
-
-
-def _finished(context_id: str | None) -> ProtocolError:
-    # The stream finished (its done/error is on its way) while this message was in flight.
-    return ProtocolError(ErrorCode.BAD_REQUEST, f"context {context_id!r} has finished; start a new context", context_id)
-
-
-class _Handled(Exception):
-    """The error was already sent; stop processing this message."""
-
-
-@dataclass(slots=True)
-class _ContextSink:
-    conn: _Connection
-    ctx_id: str
-
-    def deliver(self, out: Output) -> None:
-        self.conn.deliver(self.ctx_id, out)
-
-    def backed_up(self) -> bool:
-        return self.conn._queued_frames > OUTBOX_HIGH_WATER
+    drain_timeout_s: float = 30.0  # how long live contexts may take to finish after SIGTERM
 
 
 # ---------------------------------------------------------------- HTTP
 
 
+class _Cut:
+    """Put in an HTTP stream's queue at the drain deadline: end the body without its last chunk."""
+
+
+_CUT = _Cut()
+_EMPTY = np.zeros(0, dtype=np.float32)
+
+
 class _QueueSink:
-    """HTTP one-shot: outputs go to a bounded queue the response handler drains."""
+    """HTTP one-shot: outputs go to a queue the response handler drains (bounded by backed_up)."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Output] = asyncio.Queue()
+        self.queue: asyncio.Queue[Output | _Cut] = asyncio.Queue()
 
     def deliver(self, out: Output) -> None:
         self.queue.put_nowait(out)
@@ -313,17 +72,38 @@ def _http_error(status: int, code: str, message: str, **headers: str) -> web.Res
     return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
+def _bearer(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer X`` header; the scheme is case-insensitive (RFC 9110)."""
+    scheme, _, token = header.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+class _WebSocket(web.WebSocketResponse):
+    """aiohttp closes an oversized message with 1009 and no reason; say what the limit is."""
+
+    def __init__(self, *, cap: int, **kwargs) -> None:
+        super().__init__(max_msg_size=cap, **kwargs)
+        self._cap = cap
+
+    async def close(self, *, code: int = 1000, message: bytes = b"", drain: bool = True) -> bool:
+        if code == CloseCode.TOO_BIG and not message:
+            message = f"message over the {self._cap}-byte limit; send text in pieces".encode()
+        return await super().close(code=code, message=message, drain=drain)
+
+
 class Server:
     """Builds the aiohttp application around one :class:`Synthesizer`."""
 
     def __init__(self, synth: Synthesizer, config: ServerConfig | None = None) -> None:
         self.synth = synth
         self.config = config or ServerConfig()
-        self.app = web.Application(middlewares=[self._auth])
+        cap = self.config.limits.message_cap()
+        self.app = web.Application(middlewares=[self._errors, self._auth], client_max_size=cap)
         self.app.add_routes(
             [
                 web.get(P.WS_PATH, self.ws_handler),
                 web.post(P.HTTP_TTS_PATH, self.http_tts),
+                web.post(P.ADMIN_DRAIN_PATH, self.admin_drain),
                 web.get("/v1/voices", self.voices),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
@@ -332,8 +112,13 @@ class Server:
         )
         self.app.on_startup.append(self._on_startup)
         self.app.on_shutdown.append(self._on_shutdown)
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
+        self._http_sinks: set[_QueueSink] = set()
         self.ready = False
+        self.draining = False
+        self.drained = asyncio.Event()  # set when a drain has closed every connection
+        self._drain_task: asyncio.Task | None = None
+        self._drain_deadline = 0.0
 
     async def _on_startup(self, _app: web.Application) -> None:
         await self.synth.start()
@@ -341,17 +126,32 @@ class Server:
 
     async def _on_shutdown(self, _app: web.Application) -> None:
         self.ready = False
-        for conn in list(self._connections):
-            conn.close()
-            await conn.ws.close()
+        if self._drain_task is not None and not self._drain_task.done():
+            self._drain_task.cancel()  # a hard stop (second signal) ends the drain too
+        self._cut_off("the server is shutting down now")
+        await self._close_all()
         await self.synth.stop()
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        """aiohttp's own 413 is plain text; the protocol promises a JSON reason."""
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return _http_error(
+                413,
+                ErrorCode.TEXT_TOO_LONG,
+                f"request body over the limit of {self.config.limits.message_cap()} bytes; "
+                f"texts are limited to {self.config.limits.max_context_chars} characters",
+            )
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         key = self.config.api_key
         if key and request.path.startswith("/v1/"):
-            header = request.headers.get("Authorization", "")
-            given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
+            given = _bearer(request.headers.get("Authorization", ""))
+            if given is None:
+                given = request.query.get("token", "")
             if not hmac.compare_digest(given.encode(), key.encode()):
                 return _http_error(
                     401,
@@ -360,16 +160,103 @@ class Server:
                 )
         return await handler(request)
 
+    # -- drain
+    def start_drain(self, timeout_s: float | None = None) -> asyncio.Task:
+        """Begin draining (idempotent): the task ends when every connection is closed."""
+        if self._drain_task is None:
+            timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain(timeout_s), name="streamvox-drain")
+        return self._drain_task
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Drain and return once done; also what ``POST /v1/admin/drain`` starts."""
+        await asyncio.shield(self.start_drain(timeout_s))
+
+    def _deadline_ms(self) -> int:
+        return max(0, round(1000 * (self._drain_deadline - time.monotonic())))
+
+    async def _drain(self, timeout_s: float) -> None:
+        self.draining = True
+        self.synth.metrics.draining.set(1)
+        self._drain_deadline = time.monotonic() + timeout_s
+        log.info("draining: %d live streams, up to %.1f s", self.synth.scheduler.active, timeout_s)
+        for conn in list(self._connections):
+            conn.notice_draining(DRAIN_RETRY_AFTER_MS, self._deadline_ms())
+        try:
+            while time.monotonic() < self._drain_deadline:
+                if not self.synth.scheduler.active:  # WebSocket contexts and HTTP streams alike
+                    break
+                await asyncio.sleep(0.05)  # a poll: cheap, and the scheduler has no "all done" event
+            cut = self._cut_off(f"the server shut down before this context finished ({timeout_s:g} s drain)")
+            if cut:
+                log.warning("drain deadline: cut off %d live contexts", cut)
+            await self._close_all()
+        finally:
+            self.drained.set()
+        log.info("drained")
+
+    def _cut_off(self, message: str) -> int:
+        cut = sum(conn.cut_off(message) for conn in list(self._connections))
+        for sink in list(self._http_sinks):
+            sink.queue.put_nowait(_CUT)
+            cut += 1
+        return cut
+
+    async def _close_all(self) -> None:
+        """Send what is queued (bounded), then close every socket with 1001."""
+        conns = list(self._connections)
+        await asyncio.gather(*(conn.flushed(1.0) for conn in conns))
+        for conn in conns:
+            conn.close()
+            self.synth.metrics.connections_closed.labels("drained").inc()
+        await asyncio.gather(
+            *(close_ws(c.ws, c.transport, CloseCode.GOING_AWAY, "server shutting down") for c in conns),
+            return_exceptions=True,
+        )
+
+    async def admin_drain(self, request: web.Request) -> web.Response:
+        """``POST /v1/admin/drain`` (API key required): start the SIGTERM drain from outside."""
+        if not self.config.api_key:
+            return _http_error(
+                403, ErrorCode.UNAUTHORIZED, "admin endpoints are off: start the server with an API key to use them"
+            )
+        timeout_s = None
+        if request.can_read_body:
+            try:
+                body = P.loads_strict(await request.read() or b"{}")
+            except ProtocolError as exc:
+                return _http_error(400, exc.code, exc.message)
+            value = body.get("timeout_s") if isinstance(body, dict) else None
+            if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+                return _http_error(400, ErrorCode.BAD_REQUEST, "'timeout_s' must be a number of seconds >= 0")
+            timeout_s = value
+        self.start_drain(timeout_s)
+        return web.json_response(
+            {"draining": True, "deadline_ms": self._deadline_ms(), "active_streams": self.synth.scheduler.active},
+            status=202,
+        )
+
+    def _refuse_draining(self) -> web.Response:
+        return _http_error(
+            503,
+            ErrorCode.DRAINING,
+            "the server is draining for shutdown; connect to another server",
+            **{"Retry-After": str(max(1, round(DRAIN_RETRY_AFTER_MS / 1000)))},
+        )
+
     # -- WebSocket
-    async def ws_handler(self, request: web.Request) -> web.WebSocketResponse:
-        # JSON may escape each character as \uXXXX, a surrogate pair as two: up to 12 bytes per character.
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=12 * self.config.limits.max_text_chars + 4096)
+    async def ws_handler(self, request: web.Request) -> web.StreamResponse:
+        if self.draining:  # refuse at the handshake: an accepted-then-closed socket looks like a crash
+            return self._refuse_draining()
+        ws = _WebSocket(heartbeat=30.0, cap=self.config.limits.message_cap())
         await ws.prepare(request)
-        conn = _Connection(ws, self.synth, self.config.limits)
+        conn = Connection(ws, self.synth, self.config.limits, transport=request.transport)
         self._connections.add(conn)
+        self.synth.metrics.connections.set(len(self._connections))
         engine = self.synth.engine
         conn.send(P.ready(engine.sample_rate, sorted(engine.voices), self.config.limits.max_contexts))
         writer = asyncio.create_task(conn.writer())
+        handled = 0
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -386,10 +273,18 @@ class Server:
                         )
                     )
                 elif msg.type == WSMsgType.ERROR:
+                    if ws.close_code == CloseCode.TOO_BIG:
+                        self.synth.metrics.connections_closed.labels("too_big").inc()
                     log.info("websocket error: %s", ws.exception())
+                handled += 1
+                if handled % YIELD_EVERY == 0:
+                    # a burst already in the read buffer is handled without suspending: let the
+                    # writer send the replies (and other connections run) between slices of it
+                    await asyncio.sleep(0)
         finally:
             conn.close()
             self._connections.discard(conn)
+            self.synth.metrics.connections.set(len(self._connections))
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
         return ws
@@ -405,6 +300,12 @@ class Server:
         text = body.get("text")
         if not isinstance(text, str) or not text.strip():
             return _http_error(400, ErrorCode.BAD_REQUEST, "'text' must be a non-empty string")
+        if self.draining:
+            return self._refuse_draining()
+        try:
+            P.check_text(text)
+        except ProtocolError as exc:
+            return _http_error(400, exc.code, exc.message)
         if len(text) > self.config.limits.max_context_chars:
             return _http_error(
                 413,
@@ -456,6 +357,7 @@ class Server:
         )
         resp.enable_chunked_encoding()
         finished = False
+        self._http_sinks.add(sink)
         try:
             self.synth.push_text(sid, text)
             self.synth.end(sid)
@@ -463,7 +365,14 @@ class Server:
             if encoding == P.WAV:
                 await resp.write(wav_header(rate))
             while True:
-                out = await asyncio.wait_for(sink.queue.get(), timeout=60.0)
+                out = await asyncio.wait_for(sink.queue.get(), timeout=HTTP_CHUNK_TIMEOUT_S)
+                if isinstance(out, _Cut):
+                    # The drain deadline: end without the last chunk, so the client sees a
+                    # truncated body (an error), never a short file that looks complete.
+                    log.warning("HTTP stream cut off by the drain deadline")
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
                 if out.kind == "audio":
                     await resp.write(encoder.encode(out.samples))
                 elif out.kind == "done":
@@ -476,8 +385,9 @@ class Server:
                     break  # headers are gone: truncating the body is the only signal left
             await resp.write_eof()
         finally:
+            self._http_sinks.discard(sink)
             if not finished:
-                self.synth.cancel(sid)  # client went away (or timed out): stop the work
+                self.synth.cancel(sid)  # client went away (or timed out, or was cut off): stop the work
         return resp
 
     async def voices(self, _request: web.Request) -> web.Response:
@@ -495,16 +405,27 @@ class Server:
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    def load(self, now: float | None = None) -> float:
+        """The load figure in 0..1 for placement and autoscaling: streams that cost compute over
+        the streams the measured cost admits; 1 when a new stream would be refused (or draining).
+        Cheap: a pass over the live streams, no compute."""
+        sched = self.synth.scheduler
+        now = time.monotonic() if now is None else now
+        if self.draining or sched.refusal(now) is not None:
+            return 1.0
+        return round(min(1.0, sched.load(now) / max(1, sched.capacity_streams())), 4)
+
     async def readyz(self, _request: web.Request) -> web.Response:
         sched = self.synth.scheduler
         now = time.monotonic()
-        load = sched.load(now)
         capacity = sched.capacity_streams()
-        accepting = self.ready and sched.refusal(now) is None
+        accepting = self.ready and not self.draining and sched.refusal(now) is None
         body = {
             "ready": accepting,
+            "draining": self.draining,
+            "load": self.load(now),
             "active_streams": sched.active,
-            "load": load,
+            "busy_streams": sched.load(now),
             "capacity_streams": capacity,
             "real_time_factor": round(sched.cost_per_audio_s, 4),
             "voices": sorted(self.synth.engine.voices),
@@ -513,6 +434,7 @@ class Server:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         self.synth._sync_gauges()
+        self.synth.metrics.load.set(self.load())
         return web.Response(body=self.synth.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
@@ -523,4 +445,34 @@ def build_app(
     return Server(Synthesizer(engine, options=options, metrics=metrics), config).app
 
 
-__all__ = ["Server", "ServerConfig", "build_app"]
+async def run(server: Server, *, host: str, port: int) -> None:
+    """Serve until drained: the first SIGTERM/SIGINT (or ``POST /v1/admin/drain``) drains, a
+    second signal stops at once. (``web.run_app`` would close every stream the instant the
+    signal came, and then wait 60 s for an HTTP stream it had already starved.)"""
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            if server.draining:
+                log.warning("second %s: stopping now", signal.Signals(signum).name)
+                stop.set()
+            else:
+                log.info("%s: draining (a second one stops at once)", signal.Signals(signum).name)
+                server.start_drain()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        done = asyncio.ensure_future(server.drained.wait())
+        halt = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({done, halt}, return_when=asyncio.FIRST_COMPLETED)
+        for fut in (done, halt):
+            fut.cancel()
+    finally:
+        await runner.cleanup()
+
+
+__all__ = ["Server", "ServerConfig", "build_app", "run"]
