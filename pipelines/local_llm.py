@@ -361,8 +361,14 @@ def build_app(llm: LocalLLM) -> web.Application:
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
         info: dict[str, Any] = {}
         if not body.get("stream"):
+            text_pieces = []
             async with contextlib.aclosing(llm.astream(msgs, info=info, **options)) as pieces:
-                text = "".join([piece async for piece in pieces])
+                async for piece in pieces:
+                    text_pieces.append(piece)
+                    if request.transport is None or request.transport.is_closing():
+                        log.debug("client left %s before its reply was complete", rid)
+                        return web.Response(status=499)  # nobody reads it; generation stops here
+            text = "".join(text_pieces)
             usage = {k: info.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             return web.json_response(

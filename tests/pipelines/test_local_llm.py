@@ -147,6 +147,17 @@ async def test_a_cut_stream_ends_quietly(base_url: str, llm: LocalLLM, caplog, c
     assert llm.engine.last.reused_tokens == llm.engine.last.prompt_tokens - 1
 
 
+async def test_a_client_that_gives_up_on_a_plain_request_stops_it(base_url: str, llm: LocalLLM) -> None:
+    long_ask = [{"role": "user", "content": "Write a very long story about the sea."}]
+    async with aiohttp.ClientSession() as s:
+        body = {"messages": long_ask, "max_tokens": 2000}
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(s.post(f"{base_url}/chat/completions", json=body), 0.5)
+    await _until_idle(llm)
+    # Left after 0.5 s (~40-60 tokens here); the story runs past 400 tokens when nobody stops it.
+    assert llm.engine.last.completion_tokens < 200
+
+
 async def test_usage_and_finish_reason(base_url: str) -> None:
     async with aiohttp.ClientSession() as s:
         body = {"messages": QUESTION, "max_tokens": 3}
