@@ -162,9 +162,16 @@ class Server:
 
     # -- drain
     def start_drain(self, timeout_s: float | None = None) -> asyncio.Task:
-        """Begin draining (idempotent): the task ends when every connection is closed."""
+        """Begin draining (idempotent): readiness and refusals change before this returns; the
+        task ends when every connection is closed."""
         if self._drain_task is None:
             timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+            self.draining = True
+            self.synth.metrics.draining.set(1)
+            self._drain_deadline = time.monotonic() + timeout_s
+            log.info("draining: %d live streams, up to %.1f s", self.synth.scheduler.active, timeout_s)
+            for conn in list(self._connections):
+                conn.notice_draining(DRAIN_RETRY_AFTER_MS, self._deadline_ms())
             self._drain_task = asyncio.get_running_loop().create_task(self._drain(timeout_s), name="streamvox-drain")
         return self._drain_task
 
@@ -176,12 +183,6 @@ class Server:
         return max(0, round(1000 * (self._drain_deadline - time.monotonic())))
 
     async def _drain(self, timeout_s: float) -> None:
-        self.draining = True
-        self.synth.metrics.draining.set(1)
-        self._drain_deadline = time.monotonic() + timeout_s
-        log.info("draining: %d live streams, up to %.1f s", self.synth.scheduler.active, timeout_s)
-        for conn in list(self._connections):
-            conn.notice_draining(DRAIN_RETRY_AFTER_MS, self._deadline_ms())
         try:
             while time.monotonic() < self._drain_deadline:
                 if not self.synth.scheduler.active:  # WebSocket contexts and HTTP streams alike
