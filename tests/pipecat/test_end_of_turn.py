@@ -1,0 +1,77 @@
+"""The end-of-turn measurement (``scripts/end_of_turn.py``) measures what it says.
+
+Real parts: the bundled Piper voice makes the caller's speech, Pipecat's Silero VAD and its
+smart-turn v3 analyzer judge it. What is asserted: the inserted pause is where the script says
+(silent, between two stretches of speech); a VAD stop shorter than the pause ends the turn inside
+it (too early), a longer one ends it after the speech, ``stop_secs`` plus a few VAD windows
+later; the smart-turn path reaches a decision on a plain question.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "end_of_turn.py"
+
+
+@pytest.fixture(scope="module")
+def eot():
+    spec = importlib.util.spec_from_file_location("end_of_turn", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["end_of_turn"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def turns(eot):
+    return eot.make_turns([("I would like to book a table | for four people.", [0.8]), ("What time is it now?", [])])
+
+
+def _rms(audio: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
+
+
+def test_the_pause_is_inserted_where_the_script_says(eot, turns) -> None:
+    turn = turns[0]
+    ((start, end),) = turn.pauses
+    assert end - start == pytest.approx(0.8, abs=0.01)
+    r = eot.RATE
+    assert _rms(turn.audio[int(start * r) : int(end * r)]) < 0.002  # the microphone noise only
+    assert _rms(turn.audio[int((start - 0.3) * r) : int(start * r)]) > 0.02  # speech before ...
+    assert _rms(turn.audio[int(end * r) : int((end + 0.3) * r)]) > 0.02  # ... and after
+    assert _rms(turn.audio[int((turn.speech_end_s - 0.2) * r) : int(turn.speech_end_s * r)]) > 0.01
+    assert _rms(turn.audio[int((turn.speech_end_s + 0.05) * r) :]) < 0.002
+    assert turns[1].pauses == []
+
+
+async def test_a_vad_stop_shorter_than_the_pause_ends_the_turn_too_early(eot, turns) -> None:
+    clock = eot.SimClock()
+    short = await eot.drive(turns[0], 0.2, None, clock)
+    assert short.early and turns[0].pauses[0][0] < short.end_s < turns[0].pauses[0][1]
+    long = await eot.drive(turns[0], 1.0, None, clock)
+    assert not long.early
+    assert 1000 <= long.delay_ms <= 1300, long.delay_ms  # stop_secs + a few 32 ms VAD windows
+
+
+async def test_smart_turn_reaches_a_decision_on_a_plain_question(eot, turns) -> None:
+    import pipecat.audio.turn.smart_turn.base_smart_turn as base_smart_turn
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+
+    clock = eot.SimClock()
+    saved = base_smart_turn.time
+    base_smart_turn.time = clock
+    try:
+        smart = LocalSmartTurnAnalyzerV3()
+        smart.set_sample_rate(eot.RATE)
+        outcome = await eot.drive(turns[1], 0.2, smart, clock)
+        await smart.cleanup()
+    finally:
+        base_smart_turn.time = saved
+    assert not outcome.early and outcome.inference_ms
+    assert 200 <= outcome.delay_ms <= 3500, outcome  # a verdict, or the 3 s silence timeout at worst
