@@ -148,6 +148,18 @@ class Q4Weight:
         return Q4Weight(self.codes[index], self.scale[index], self.minimum[index])
 
     @staticmethod
+    def quantize(w: Tensor) -> Q4Weight:
+        """Round a dense matrix to Q4_1 (min/max per block of 32), for checkpoints that are not Q4_1."""
+        rows, cols = w.shape
+        if cols % GROUP:
+            raise ModelFormatError(f"a [{rows}, {cols}] matrix cannot be split into blocks of {GROUP} columns")
+        blocks = w.float().view(rows, cols // GROUP, GROUP)
+        lo = blocks.amin(-1).half()
+        scale = ((blocks.amax(-1) - lo.float()) / 15).clamp_min(1e-6).half()
+        codes = torch.round((blocks - lo.float()[..., None]) / scale.float()[..., None]).clamp(0, 15)
+        return Q4Weight(codes.to(torch.uint8).view(rows, cols), scale, lo)
+
+    @staticmethod
     def cat(parts: list[Q4Weight]) -> Q4Weight:
         return Q4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "minimum")))
 
@@ -199,6 +211,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, Weight], dict]:
     """
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFReader
+    from gguf.quants import dequantize
 
     try:
         reader = GGUFReader(str(path))
@@ -218,13 +231,12 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, Weight], dict]:
             w: Weight = _q4_1(t.data, rows, cols)
         elif t.tensor_type == Q.Q8_0:
             w = _q8_0(t.data, rows, cols)
-        elif t.tensor_type in (Q.F32, Q.F16):
-            values = np.array(t.data, dtype=np.float32)  # a copy: the reader's arrays are read-only
+        else:  # F32, F16, K-quants ...: gguf's own de-quantiser (a copy: the reader's arrays are read-only)
+            try:
+                values = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            except NotImplementedError:
+                raise ModelFormatError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, unsupported") from None
             w = torch.from_numpy(values.reshape((rows, cols) if rows > 1 else (cols,)))
-        else:
-            raise ModelFormatError(
-                f"{path}: tensor {t.name} has type {t.tensor_type.name}; supported: Q4_1, Q8_0, F16, F32"
-            )
         weights[_hf_name(t.name)] = w
     for layer in range(cfg.n_layers):
         for proj, heads in (("q_proj", cfg.n_heads), ("k_proj", cfg.n_kv_heads)):
@@ -259,9 +271,11 @@ def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4
     """The tensors :class:`Llama` runs on, from HF-named weights: what the disk cache stores.
 
     ``int4``: Q4_1 matrices packed for ``_weight_int4pack_mm_for_cpu`` with bf16 scale/zero
-    (``(q - 8) * scale + zero == q * scale + minimum`` with ``zero = minimum + 8 * scale``), the
-    tied head as int8 with one scale per row, the rest bf16. ``fp32``: everything de-quantised.
-    q/k/v and gate/up are fused (rows concatenated, which keeps 4-bit blocks intact).
+    (``(q - 8) * scale + zero == q * scale + minimum`` with ``zero = minimum + 8 * scale``);
+    matrices stored otherwise (an HF directory, other GGUF types) are rounded to Q4_1 first. The
+    tied head is int8 with one scale per row, the embedding table bf16, norms float32.
+    ``fp32``: everything de-quantised to float32. q/k/v and gate/up are fused (rows
+    concatenated, which keeps 4-bit blocks intact).
     """
     if precision not in ("int4", "fp32"):
         raise ValueError(f"precision {precision!r}: use int4 (serving) or fp32 (reference)")
@@ -270,8 +284,8 @@ def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4
     out: dict[str, Tensor] = {}
 
     def linear(name: str, parts: list[Weight]) -> None:
-        if quantized and all(isinstance(x, Q4Weight) for x in parts):
-            w = Q4Weight.cat(parts)  # type: ignore[arg-type]
+        if quantized:  # the GGUF's own Q4_1 codes, or (other checkpoints) rounded to Q4_1 here
+            w = Q4Weight.cat([x if isinstance(x, Q4Weight) else Q4Weight.quantize(x) for x in parts])
             scale = w.scale.float()
             zero = w.minimum.float() + 8 * scale
             out[name + ".packed"] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32), 1)
@@ -287,7 +301,7 @@ def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4
         scale = (table.abs().amax(dim=1) / 127).clamp_min(1e-12)
         out["head.q"] = torch.round(table / scale[:, None]).to(torch.int8)
         out["head.scale"] = scale.to(dtype)
-    out["norm"] = dense(weights["model.norm.weight"])  # norms stay float32: the residual stream is
+    out["norm"] = dense(weights["model.norm.weight"])  # norms are float32, like the residual stream
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
         w = [weights[p + n + ".weight"] for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]

@@ -115,6 +115,7 @@ class LocalLLM:
         self.name = self.source.stem if self.source.is_file() else self.source.name
         self.engine = None
         self.tokenizer = None
+        self.folder: Path | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
@@ -136,6 +137,7 @@ class LocalLLM:
             else:
                 raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
             self.tokenizer = _chat_tokenizer(folder)
+            self.folder = folder  # where the tokenizer (and for a GGUF, the prepared weights) are
             model = Llama(cfg, tensors, slots=self.slots, max_len=self.max_len)
         except (ModelFormatError, OSError, ValueError, KeyError) as exc:
             raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None

@@ -211,3 +211,36 @@ def test_a_stopped_generation_leaves_a_consistent_cache(llm: LocalLLM) -> None:
     # The same request again reuses all of it and produces the same first tokens.
     again = list(eng.generate(ids, Sampling(max_tokens=5), eos_ids=llm.tokenizer.eos_ids))
     assert again == got and eng.last.reused_tokens == len(ids) - 1
+
+
+def test_a_hugging_face_llama_directory_runs_like_transformers(tmp_path, llm: LocalLLM) -> None:
+    """``--model DIR``: a tiny random Llama saved by transformers, with SmolLM2's tokenizer."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipelines.llm_model import ModelConfig
+
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=128, max_position=512)
+    torch.manual_seed(0)
+    # A wide init spreads the logits: near-ties of an untrained model would make greedy arbitrary.
+    reference = LlamaForCausalLM(LlamaConfig(**cfg.to_hf(), initializer_range=0.5)).eval()
+    reference.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(llm.folder / name, tmp_path / name)
+    exact = LocalLLM(tmp_path, precision="fp32", slots=1, max_len=256)
+    exact.load(progress=lambda *_: None)
+    ids = exact.tokenizer.encode_chat([{"role": "user", "content": "Hello there"}])
+    with torch.inference_mode():
+        expected = reference.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=2,
+        )[0, len(ids) :].tolist()
+    greedy = Sampling(max_tokens=6, repetition_penalty=1.0)
+    assert list(exact.engine.generate(ids, greedy, eos_ids=frozenset())) == expected
+    fast = LocalLLM(tmp_path, slots=1, max_len=256)  # int4: its matrices are rounded to Q4_1 on load
+    fast.load(progress=lambda *_: None)
+    assert len(list(fast.engine.generate(ids, greedy, eos_ids=frozenset()))) == 6
