@@ -44,7 +44,8 @@ HOP = 256  # audio samples per latent frame in Piper's VITS voices
 # may then hold MIN_SPAN - right-context frames of audio for the price of a 6-frame one.
 MIN_SPAN = 65
 DEFAULT_GAIN = 1.5  # raw peaks sit near 0.5-0.7; piper normalises per sentence, which needs the whole sentence
-_WARM_UP_TEXT = "Warming up the voice: one, two, three. Thanks for waiting, we are almost ready to talk."
+_WARM_UP_FIRST = "Warming up the voice, one two three."  # as long as a typical first segment
+_WARM_UP_TEXT = "Thanks for waiting: we are almost ready to talk, and the voice sounds fine."
 _WORD_RE = re.compile(r"\S+")
 _SPEAKABLE_RE = re.compile(r"\w")
 # Phoneme symbols that are not sounds of their own: stress marks, length, punctuation.
@@ -113,6 +114,7 @@ class PiperEngine:
         self.gain = gain
         self.noise_scale = noise_scale
         self.cost_per_audio_s: float | None = None  # measured at warm-up (the slowest voice)
+        self.startup_cost_s: float | None = None  # seconds of a stream's start-up, likewise
         self.voices: dict[str, _Voice] = {}
         self.default_voice: str | None = None
         self._phonemizer = None
@@ -201,22 +203,30 @@ class PiperEngine:
 
     def _warm_up(self, voice: str) -> None:
         """First runs allocate arenas and pick kernels; do it before serving real users. A second
-        pass is timed: worker seconds per audio second of a typical reply, which seeds admission
-        until real batches refine it (a fixed guess of 0.15 refused two thirds of the capacity)."""
+        pass is timed: a stream's start-up (a first segment's front part and first window) and
+        worker seconds per audio second of a typical reply, which seed admission until real
+        batches refine them (a fixed guess of 0.15 s per audio second refused two thirds of the
+        capacity)."""
+        free = self.free_frames(voice)
         for timed in (False, True):
             t0 = time.perf_counter()
-            prepared = self.prepare(_WARM_UP_TEXT, voice)
-            if prepared is None:  # pragma: no cover - espeak always speaks this
+            first = self.prepare(_WARM_UP_FIRST, voice)
+            if first is None:  # pragma: no cover - espeak always speaks this
                 return
-            start, size = 0, self.free_frames(voice)
+            self.decode([Window(first, 0, min(first.frames, free))])
+            t1 = time.perf_counter()
+            prepared = self.prepare(_WARM_UP_TEXT, voice)
+            assert prepared is not None
+            start, size = 0, free
             while start < prepared.frames:
                 end = min(prepared.frames, start + size)
                 self.decode([Window(prepared, start, end)])
                 start, size = end, 64
             if timed:
                 audio_s = prepared.frames * HOP / self.voices[voice].sample_rate
-                cost = (time.perf_counter() - t0) / audio_s
+                cost = (time.perf_counter() - t1) / audio_s
                 self.cost_per_audio_s = max(self.cost_per_audio_s or 0.0, cost)
+                self.startup_cost_s = max(self.startup_cost_s or 0.0, t1 - t0)
 
     @property
     def sample_rate(self) -> int:

@@ -230,8 +230,9 @@ class Synthesizer(SynthesizerBase):
     ) -> None:
         scheduler = Scheduler(sample_rate=engine.sample_rate, options=fit_options(engine, options))
         super().__init__(engine, scheduler, metrics)
-        if getattr(engine, "cost_per_audio_s", None):
-            self.scheduler.cost_per_audio_s = engine.cost_per_audio_s  # measured at warm-up
+        for name in ("cost_per_audio_s", "startup_cost_s"):  # measured at the engine's warm-up
+            if getattr(engine, name, None):
+                setattr(self.scheduler, name, getattr(engine, name))
         self._inflight: tuple[Batch, object] | None = None  # the running batch and its abort handle
 
     async def stop(self) -> None:

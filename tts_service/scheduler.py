@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engine import Prepared
+from .engine import HOP, Prepared
 from .segmenter import Segmenter, SegmenterOptions
 
 _SENTENCE_ENDS = ".!?…"
@@ -428,6 +428,8 @@ class Scheduler(StreamScheduler):
         # EMA of worker seconds per audio second; the runtime seeds it from the engine's warm-up
         # and real batches refine it live.
         self.cost_per_audio_s = 0.15
+        # EMA of worker seconds a stream's start-up (front part + first window) takes.
+        self.startup_cost_s = 0.05
 
     # ------------------------------------------------------------ admission
     def refusal(self, now: float) -> Overloaded | None:
@@ -446,6 +448,16 @@ class Scheduler(StreamScheduler):
         talking = self.talking(now)
         # An idle server always takes one stream: a slow (or busy) machine serving one stream
         # late is better than serving none.
+        starting = self.starting(now)
+        first_s = self.opt.windows[0] * HOP / self.sample_rate
+        if starting and (starting + 1) * self.startup_cost_s > first_s * self.opt.capacity:
+            # A burst: every starting stream's start-up runs before anyone's second window, so
+            # the queue of start-ups must fit in the first window's audio of the earliest one.
+            wait_ms = round(starting * self.startup_cost_s * 1000)
+            return Overloaded(
+                min(1000, max(100, wait_ms)),
+                f"{starting} streams are starting; their first audio needs the synthesis worker for ~{wait_ms} ms",
+            )
         if talking and (talking + 1) * self.cost_per_audio_s > self.opt.capacity:
             # Streams free capacity as they finish; a turn lasts seconds, so ask for a short wait.
             return Overloaded(
@@ -470,6 +482,21 @@ class Scheduler(StreamScheduler):
                 or now - (s.last_activity if s.first_text_at is not None else s.created) < self.opt.talk_idle_s
             )
         )
+
+    def starting(self, now: float) -> int:
+        """Streams with no audio yet that will soon need their start-up: text is waiting, or the
+        context was opened less than ``talk_idle_s`` ago (its text is on its way)."""
+        return sum(
+            1
+            for s in self._streams.values()
+            if not s.status.finished
+            and s.produced_s == 0.0
+            and (s.segments or s.segmenter.pending.strip() or now - s.created < self.opt.talk_idle_s)
+        )
+
+    def _fresh(self, sid: int) -> bool:
+        s = self._streams.get(sid)
+        return s is not None and s.produced_s == 0.0
 
     def capacity_streams(self) -> int:
         """How many real-time streams the measured cost allows (an estimate for ``/readyz``)."""
@@ -634,6 +661,7 @@ class Scheduler(StreamScheduler):
                 continue
             job.segment.prepared = prepared
         audio_s = 0.0
+        startups = sum(1 for j in batch.windows if j.start == 0 and self._fresh(j.sid))
         for job, audio in zip(batch.windows, result.audio):
             s = self._streams.get(job.sid)
             if s is None or s.status.finished or audio is None:
@@ -659,6 +687,8 @@ class Scheduler(StreamScheduler):
                 s.segments.remove(seg)
         for s in {self._streams[j.sid] for j in batch.preps + batch.windows if j.sid in self._streams}:
             self._maybe_done(s)
+        if startups and result.seconds > 0 and len(batch.windows) == startups:
+            self.startup_cost_s += 0.2 * (result.seconds / startups - self.startup_cost_s)
         if audio_s > 0 and result.seconds > 0:
             # Only steady-state cost matters for capacity: weigh bigger batches more.
             alpha = min(0.3, audio_s / 5.0)

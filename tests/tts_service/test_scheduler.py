@@ -329,6 +329,7 @@ def test_engine_failure_ends_the_stream_with_an_error() -> None:
 
 def test_admission_by_measured_cost_of_talking_streams() -> None:
     sched = new(SchedulerOptions(capacity=0.85, talk_idle_s=1.0))
+    sched.startup_cost_s = 0.0  # this test is about the steady cost (start-ups: below)
     sched.cost_per_audio_s = 0.3  # each real-time stream takes 30 % of the worker
     assert sched.capacity_streams() == 2
     sched.admit(0.0)  # an idle server always admits, whatever the cost
@@ -365,6 +366,7 @@ def test_a_burst_of_starts_counts_before_any_text_arrives() -> None:
     so admission stops at capacity instead of taking all nine and letting all fall behind."""
     sched = new(SchedulerOptions(capacity=0.85))
     sched.cost_per_audio_s = 0.2  # room for four
+    sched.startup_cost_s = 0.0
     admitted = 0
     for sid in range(1, 10):
         try:
@@ -374,6 +376,31 @@ def test_a_burst_of_starts_counts_before_any_text_arrives() -> None:
         sched.add(sid, voice="v", pace=True, now=0.0)
         admitted += 1
     assert admitted == 4 == sched.capacity_streams()
+
+
+def test_a_burst_is_admitted_while_the_start_ups_fit_in_the_first_window() -> None:
+    """Every starting stream's front part and first window run before anyone's second window:
+    the earliest starter plays its first window (54 frames, 0.63 s) meanwhile, so the start-ups
+    queued must fit in it, whatever the steady cost would allow."""
+    sched = new(SchedulerOptions(capacity=0.85, windows=(54, 64)))
+    sched.cost_per_audio_s = 0.01  # steady state would take 85 streams
+    sched.startup_cost_s = 0.1  # but each start-up takes 100 ms of the worker
+    for sid in range(1, 6):
+        sched.admit(0.0)
+        sched.add(sid, voice="v", pace=True, now=0.0)
+        sched.push_text(sid, "Hello there, how are you. ", now=0.0)
+    with pytest.raises(Overloaded) as info:  # 6 x 100 ms > 85 % of 0.63 s
+        sched.admit(0.0)
+    assert "5 streams are starting" in info.value.reason and 100 <= info.value.retry_after_ms <= 1000
+    batch = sched.schedule(0.0)  # stream 1's start-up, faster than expected
+    assert batch is not None and batch.sids == {1}
+    sched.update(batch, compute(batch, seconds=0.05), 0.0)
+    assert sched.startup_cost_s == pytest.approx(0.09)  # learnt from the start-up batch
+    assert sched.starting(0.0) == 4
+    sched.admit(0.0)  # stream 1 is playing: one more fits (5 x 90 ms <= 0.53 s) ...
+    sched.add(6, voice="v", pace=True, now=0.0)
+    with pytest.raises(Overloaded):  # ... and no second one (6 x 90 ms > 0.53 s)
+        sched.admit(0.0)
 
 
 def test_contexts_idle_without_text_stop_counting_against_admission() -> None:
