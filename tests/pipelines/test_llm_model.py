@@ -86,6 +86,19 @@ def test_stream_decoder_never_splits_a_character(llm: LocalLLM) -> None:
     assert sum(1 for p in pieces if p == "") > 0  # the emoji's bytes span tokens: some pushes wait
 
 
+def _hf_greedy(model, ids: list[int], n: int, *, penalty: float) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            repetition_penalty=penalty,
+            pad_token_id=2,
+        )
+    return out[0, len(ids) :].tolist()
+
+
 def test_fp32_greedy_matches_transformers_on_the_same_weights(gguf_weights, fp32: ChatEngine, llm) -> None:
     """Our forward (rope layout, GQA folding, tied head, repetition penalty) against transformers'."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -96,15 +109,8 @@ def test_fp32_greedy_matches_transformers_on_the_same_weights(gguf_weights, fp32
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
     reference.load_state_dict(state, strict=True)
     ids = llm.tokenizer.encode_chat([SYSTEM, {"role": "user", "content": PROMPTS[0]}])
+    expected = _hf_greedy(reference, ids, 8, penalty=1.1)
     with torch.inference_mode():
-        expected = reference.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=8,
-            do_sample=False,
-            repetition_penalty=1.1,
-            pad_token_id=2,
-        )[0, len(ids) :].tolist()
         ref_logits = reference(torch.tensor([ids])).logits[0, -1]
     fp32.reset()
     ours = list(fp32.generate(ids, Sampling(max_tokens=8), eos_ids=frozenset()))
@@ -231,14 +237,7 @@ def test_a_hugging_face_llama_directory_runs_like_transformers(tmp_path, llm: Lo
     exact = LocalLLM(tmp_path, precision="fp32", slots=1, max_len=256)
     exact.load(progress=lambda *_: None)
     ids = exact.tokenizer.encode_chat([{"role": "user", "content": "Hello there"}])
-    with torch.inference_mode():
-        expected = reference.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=6,
-            do_sample=False,
-            pad_token_id=2,
-        )[0, len(ids) :].tolist()
+    expected = _hf_greedy(reference, ids, 6, penalty=1.0)
     greedy = Sampling(max_tokens=6, repetition_penalty=1.0)
     assert list(exact.engine.generate(ids, greedy, eos_ids=frozenset())) == expected
     fast = LocalLLM(tmp_path, slots=1, max_len=256)  # int4: its matrices are rounded to Q4_1 on load
