@@ -47,6 +47,7 @@ MODEL_ENV = "LLM_MODEL_PATH"
 CACHE_VERSION = "v2"  # bump when the cached tensors' layout changes
 # End-of-turn tokens of common chat templates; the ones in the vocabulary stop generation.
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
+TRIM_STEP = 8  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit)
 
 
 class LLMLoadError(Exception):
@@ -190,17 +191,31 @@ class LocalLLM:
 
     # ------------------------------------------------------------------ generation
     def fit(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
-        """The prompt's token ids, dropping the oldest non-system messages until it fits the cache."""
-        room = self.engine.model.max_len - min(max_tokens, self.engine.model.max_len // 4)
-        msgs = list(messages)
-        ids = self.tokenizer.encode_chat(msgs)
-        while len(ids) > room:
-            drop = next((i for i, m in enumerate(msgs[:-1]) if m["role"] != "system"), None)
-            if drop is None:
-                raise PromptTooLong(f"the prompt has {len(ids)} tokens; at most {room} fit this model's cache")
-            del msgs[drop]
-            ids = self.tokenizer.encode_chat(msgs)
-        return ids
+        """The prompt's token ids; a history too long for the cache loses its oldest messages.
+
+        System messages and the last message stay. The number dropped is rounded up to a
+        multiple of ``TRIM_STEP``: dropping just enough at every turn would shift the prompt's
+        start each time, and each turn would pre-fill the whole history again (seconds at this
+        length) instead of its new tokens.
+        """
+        model = self.engine.model
+        room = model.max_len - min(max_tokens, model.max_len // 4)
+        ids = self.tokenizer.encode_chat(messages)
+        if len(ids) <= room:
+            return ids
+        droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
+
+        def without(k: int) -> list[int]:
+            gone = set(droppable[:k])
+            return self.tokenizer.encode_chat([m for i, m in enumerate(messages) if i not in gone])
+
+        lo, hi = 1, len(droppable)  # the fewest drops that fit, by bisection (fewer drops: longer)
+        if not droppable or len(without(hi)) > room:
+            raise PromptTooLong(f"the prompt has {len(ids)} tokens; at most {room} fit this model's cache")
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if len(without(mid)) <= room else (mid + 1, hi)
+        return without(min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable)))
 
     def stream(
         self,

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import socket
+import threading
 import time
 
 import aiohttp
@@ -170,3 +171,23 @@ async def test_usage_and_finish_reason(base_url: str) -> None:
 def test_missing_model_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(LLMLoadError, match="does not exist"):
         LocalLLM(tmp_path / "nope.gguf").load(progress=lambda *_: None)
+
+
+def test_a_history_longer_than_the_cache_keeps_reusing_it() -> None:
+    """Past the cache's length the oldest messages go, several at a time, so the next turns
+    still pre-fill only their new tokens rather than the whole (shifted) history."""
+    small = LocalLLM(slots=1, max_len=384)
+    small.load(progress=lambda *_: None)
+    history = [{"role": "system", "content": "Answer in one short sentence."}]
+    for i in range(12):
+        history.append({"role": "user", "content": f"Question {i}: what is a good name for a red boat on a lake?"})
+        history.append({"role": "assistant", "content": f"Answer {i}: call the red boat Lake Ruby, it sounds nice."})
+    reuse = []
+    for i in range(6):
+        history.append({"role": "user", "content": f"Turn {i}: and for a blue one?"})
+        prompt, _, _ = small.stream(history, max_tokens=4, temperature=0.0, stop=threading.Event(), emit=lambda _: None)
+        assert prompt <= small.engine.model.max_len - 4
+        reuse.append(small.engine.last.reused_tokens / prompt)
+        history.append({"role": "assistant", "content": "Call it Blue Lagoon."})
+    assert sum(r > 0.5 for r in reuse[1:]) >= 4, reuse  # a full prefill only where the window jumped
+    assert history[0]["role"] == "system"
