@@ -125,11 +125,28 @@ class Agent:
     figures: StageFigures
 
 
+def turn_strategies(smart_turn_timeout_s: float = 1.0):
+    """Pipecat's default end of turn (Silero VAD stop, then smart-turn v3) with a 1 s silence timeout.
+
+    When smart-turn calls a finished question incomplete, the turn waits for its silence timeout
+    (3 s by default): that was the end-of-turn p95 (3.2 s -> 1.2 s with 1 s; turns ended early
+    the same within run-to-run noise; ``scripts/end_of_turn.py``, docs/BENCHMARKS.md "End of turn").
+    """
+    from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+    from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
+    from pipecat.turns.user_turn_strategies import UserTurnStrategies
+
+    analyzer = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
+    return UserTurnStrategies(stop=[TurnAnalyzerUserTurnStopStrategy(turn_analyzer=analyzer)])
+
+
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
-    pair = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer()))
+    user_params = LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer(), user_turn_strategies=turn_strategies())
+    pair = LLMContextAggregatorPair(context, user_params=user_params)
     pipeline = Pipeline([transport.input(), stt, pair.user(), llm, tts, transport.output(), pair.assistant()])
     figures = StageFigures(tts=tts)
     params = PipelineParams(

@@ -110,11 +110,14 @@ def make_turns(turns: list[tuple[str, list[float]]], seed: int = 0) -> list[Turn
         (chunk,) = voice.synthesize(" ".join(w for p in phrases for w in p), include_alignments=True)
         audio = chunk.audio_float_array.astype(np.float32)
         # sample index of the middle of each word separator
-        at, seps = 0, []
+        at, seps, last_sound = 0, [], 0
         for a in chunk.phoneme_alignments or []:
             if a.phoneme == " ":
                 seps.append(at + int(a.num_samples) // 2)
+            elif a.phoneme.isalpha():
+                last_sound = at
             at += int(a.num_samples)
+        seps = [x for x in seps if x < last_sound]  # not the separator after a final "um,"
         # espeak may join words ("does not"): count each phrase's own separators, plus one between phrases
         inner = [" ".join("".join(s) for s in voice.phonemize(" ".join(p))).strip().count(" ") for p in phrases]
         if len(seps) != sum(inner) + len(phrases) - 1:

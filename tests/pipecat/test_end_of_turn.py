@@ -75,3 +75,25 @@ async def test_smart_turn_reaches_a_decision_on_a_plain_question(eot, turns) -> 
         base_smart_turn.time = saved
     assert not outcome.early and outcome.inference_ms
     assert 200 <= outcome.delay_ms <= 3500, outcome  # a verdict, or the 3 s silence timeout at worst
+
+
+async def test_the_demo_waits_one_second_not_three_when_smart_turn_says_incomplete(eot) -> None:
+    # A turn that trails off on "um," is one smart-turn calls incomplete; the caller says no more,
+    # so only the analyzer's silence timeout ends it: the demo's 1 s, not Pipecat's default 3 s.
+    import pipecat.audio.turn.smart_turn.base_smart_turn as base_smart_turn
+
+    from pipelines.pipecat_agent import turn_strategies
+
+    (turn,) = eot.make_turns([("I was calling about the package, um,", [])])
+    clock = eot.SimClock()
+    saved = base_smart_turn.time
+    base_smart_turn.time = clock
+    try:
+        analyzer = turn_strategies().stop[0]._turn_analyzer
+        analyzer.set_sample_rate(eot.RATE)
+        outcome = await eot.drive(turn, 0.2, analyzer, clock)
+        await analyzer.cleanup()
+    finally:
+        base_smart_turn.time = saved
+    assert not outcome.early
+    assert 1000 <= outcome.delay_ms <= 2000, outcome
