@@ -15,6 +15,18 @@ the caller has spoken for ``min_speech_ms``), :class:`BargeIn` does, in this ord
 5. only then **mark the turn ready** (:meth:`BargeIn.wait_ready`): the next reply starts on a
    clean pipeline and, normally, on the same connection.
 
+**Yield, then confirm** (``BargeInOptions.yield_on_onset``, on by default). Waiting for the
+VAD's ``min_speech_ms`` (200 ms) before the bot falls quiet is what makes a barge-in feel slow,
+while barging in on the first speech window would let every cough cost the caller the reply. So
+the controller does both halves: at the VAD's *first* speech window (``onset``) while an
+interruptible utterance plays, it **pauses** the output (:meth:`SpeechOutput.pause`: the same
+immediate flush, but the place is kept); on **confirmed** speech (the VAD's ``speech_start`` and
+``min_speech_ms``) it runs the five steps below, with the bot already quiet; when the candidate
+is dropped (the VAD's ``onset_dropped``, or ``speech_end`` before ``min_speech_ms``) or not
+confirmed within ``resume_after_ms`` of the onset, it **resumes** from the paused point and
+reports a :class:`FalseInterruption`. Nothing is replayed or skipped, and what the utterance
+says was heard (``heard_ms``, ``heard_words``) stops at the pause when the barge-in is confirmed.
+
 Each barge-in yields a :class:`BargeInRecord` (onset -> silent, decision -> silent, cancel ->
 ack, frames dropped after the cancel, audio played after the onset), delivered to callbacks and
 an ``asyncio.Queue`` (:attr:`BargeIn.events`) and recorded as Prometheus metrics
@@ -52,7 +64,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from tts_service.client import CancelResult
 
-from .speech import SpeechOutput, StopResult, Utterance, UtteranceStatus
+from .speech import PauseResult, SpeechOutput, StopResult, Utterance, UtteranceStatus
 from .vad import SileroVAD, VADEvent
 
 __all__ = [
@@ -62,12 +74,14 @@ __all__ = [
     "BargeInMetrics",
     "BargeInOptions",
     "BargeInRecord",
+    "FalseInterruption",
 ]
 
 log = logging.getLogger(__name__)
 
 Outcome = Literal["acked", "finished", "timeout", "lost"]
 IgnoredReason = Literal["not_speaking", "denied", "too_short"]
+ResumeReason = Literal["dropped", "too_short", "timeout"]
 
 _SILENCE_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0)
 _ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
@@ -80,15 +94,23 @@ class BargeInOptions:
     bot keeps talking over a cough); 0 barges in as soon as the VAD declares speech.
     ``fade``: soft stop (``SpeechOutput.fade_ms``) instead of a hard cut.
     ``ack_grace_s``: extra wait beyond the client's ``cancel_timeout`` before giving up on a
-    cancel task that neither acked nor timed out (a safety net, never reached normally)."""
+    cancel task that neither acked nor timed out (a safety net, never reached normally).
+    ``yield_on_onset``: pause at the VAD's first speech window (yield, then confirm);
+    ``resume_after_ms``: a pause not confirmed within this long of the onset resumes."""
 
     min_speech_ms: float = 0.0
     fade: bool = True
     ack_grace_s: float = 2.0
+    # yield, then confirm: pause at the first speech window, resume if not confirmed within
+    # resume_after_ms of it (never sooner than a confirmation can take: VAD + our min speech)
+    yield_on_onset: bool = True
+    resume_after_ms: float = 500.0
 
     def __post_init__(self) -> None:
         if self.min_speech_ms < 0:
             raise ValueError(f"min_speech_ms must be >= 0, got {self.min_speech_ms}")
+        if self.resume_after_ms <= 0:
+            raise ValueError(f"resume_after_ms must be > 0, got {self.resume_after_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +124,7 @@ class BargeInRecord:
     acked: bool
     onset_at: float  # the caller started speaking (VAD's first speech window)
     decided_at: float  # the VAD (and min_speech) said so
+    yielded_at: float | None  # the output was quiet after the yield's pause (None: no yield)
     handled_at: float  # this controller acted (flush)
     silent_at: float  # the sink is silent (end of the fade)
     cancel_sent_at: float
@@ -119,6 +142,11 @@ class BargeInRecord:
     @property
     def onset_to_silence_ms(self) -> float:
         return 1000.0 * (self.silent_at - self.onset_at)
+
+    @property
+    def yield_ms(self) -> float | None:
+        """Onset -> the bot paused (quiet); the caller's "it stopped" moment when it yielded."""
+        return None if self.yielded_at is None else 1000.0 * (self.yielded_at - self.onset_at)
 
     @property
     def decision_to_silence_ms(self) -> float:
@@ -142,6 +170,7 @@ class BargeInRecord:
     def to_dict(self) -> dict:
         d = asdict(self)
         for name in (
+            "yield_ms",
             "onset_to_silence_ms",
             "decision_to_silence_ms",
             "vad_decision_ms",
@@ -162,7 +191,39 @@ class BargeInIgnored:
     utterance_id: int | None = None
 
 
-BargeInEvent = BargeInRecord | BargeInIgnored
+@dataclass(frozen=True, slots=True)
+class FalseInterruption:
+    """A yield that was not confirmed: the bot paused, then resumed where it stopped."""
+
+    utterance_id: int
+    onset_at: float  # the candidate's first speech window
+    silent_at: float  # the output was quiet (end of the pause's fade-out)
+    resumed_at: float
+    reason: ResumeReason
+    held_ms: float  # audio taken back from the sink and played first on resume
+
+    @property
+    def yield_ms(self) -> float:
+        return 1000.0 * (self.silent_at - self.onset_at)
+
+    @property
+    def gap_ms(self) -> float:
+        """How long the caller heard the bot quiet."""
+        return 1000.0 * (self.resumed_at - self.silent_at)
+
+
+BargeInEvent = BargeInRecord | BargeInIgnored | FalseInterruption
+
+
+@dataclass(slots=True)
+class _Yield:
+    """A pause waiting for confirmation."""
+
+    utt: Utterance
+    onset_at: float
+    onset_s: float | None  # in VAD audio seconds, when fed through feed()
+    pause: PauseResult
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass(slots=True)
@@ -176,6 +237,7 @@ class _Cut:
     cancel_sent_at: float
     onset_at: float
     decided_at: float
+    yielded_at: float | None
     stop: StopResult
     after_onset_ms: float
     stale_before: int
@@ -190,6 +252,18 @@ class BargeInMetrics:
         self.total = Counter("streamvox_bargein", "Barge-ins by outcome", ["outcome"], registry=r)
         self.ignored = Counter(
             "streamvox_bargein_ignored", "Caller speech starts that did not barge in", ["reason"], registry=r
+        )
+        self.false_interruptions = Counter(
+            "streamvox_bargein_false_interruptions",
+            "Yields not confirmed as speech: the bot resumed where it paused",
+            ["reason"],
+            registry=r,
+        )
+        self.yield_time = Histogram(
+            "streamvox_bargein_yield_seconds",
+            "Caller speech onset to bot paused (yield, then confirm)",
+            buckets=_SILENCE_BUCKETS,
+            registry=r,
         )
         self.onset_to_silence = Histogram(
             "streamvox_bargein_onset_to_silence_seconds",
@@ -221,6 +295,8 @@ class BargeInMetrics:
 
     def observe(self, rec: BargeInRecord) -> None:
         self.total.labels(rec.outcome).inc()
+        if rec.yielded_at is not None:
+            self.yield_time.observe(max(0.0, rec.yielded_at - rec.onset_at))
         self.onset_to_silence.observe(max(0.0, rec.silent_at - rec.onset_at))
         self.decision_to_silence.observe(max(0.0, rec.silent_at - rec.decided_at))
         if rec.outcome == "acked":
@@ -234,7 +310,8 @@ class BargeIn:
     """Barge-in controller for one conversation (one caller, one :class:`SpeechOutput`).
 
     Drive it with caller audio (:meth:`feed`, runs the Silero VAD) or with another VAD's events
-    (:meth:`speech_started` / :meth:`speech_ended`). Call from the event loop's thread.
+    (:meth:`speech_onset` / :meth:`speech_started` / :meth:`speech_ended`). Call from the event
+    loop's thread.
     """
 
     def __init__(
@@ -250,10 +327,14 @@ class BargeIn:
         self.output = output
         self.vad = vad
         self.options = options or BargeInOptions()
+        if vad is not None and self.options.yield_on_onset:
+            vad.report_onsets = True  # this controller owns the VAD's stream (it resets it too)
         self.metrics = metrics if metrics is not None else BargeInMetrics()
         self.clock = output.clock
         self.records: list[BargeInRecord] = []
         self.ignored: list[BargeInIgnored] = []
+        self.false_interruptions: list[FalseInterruption] = []
+        self._yield: _Yield | None = None
         self.events: asyncio.Queue[BargeInEvent] = asyncio.Queue(maxsize=events_maxsize)
         self._listeners: list[Callable[[BargeInEvent], None]] = [on_event] if on_event else []
         self._ready = asyncio.Event()
@@ -284,6 +365,7 @@ class BargeIn:
             self.vad.reset()
         self._fed = 0
         self._disarm()
+        self._resume("dropped")
 
     def feed(self, pcm: np.ndarray | bytes, *, captured_at: float | None = None) -> list[VADEvent]:
         """Caller audio at the VAD's rate; its last sample was captured at ``captured_at``.
@@ -304,10 +386,18 @@ class BargeIn:
             return captured - (end_s - t)
 
         for ev in events:
-            if ev.kind == "speech_start":
+            if ev.kind == "onset":
+                self._on_onset(wall(ev.onset_s), onset_s=ev.onset_s)
+            elif ev.kind == "onset_dropped":
+                if self._armed is None:
+                    self._resume("dropped")
+            elif ev.kind == "speech_start":
                 self._on_start(wall(ev.onset_s), wall(ev.decided_s), onset_s=ev.onset_s)
             else:
                 self.speech_ended()
+        y = self._yield
+        if y is not None and y.onset_s is not None and self._resume_due(self.vad.time_s - y.onset_s):
+            self._resume("timeout")  # judged in audio time too: audio fed faster than real time
         armed = self._armed
         if armed is not None and armed[2] is not None:
             # judged in audio time, so that audio fed faster than real time is judged the same
@@ -317,6 +407,13 @@ class BargeIn:
                     self._disarm()
                     self._fire(armed[0], wall(self.vad.time_s))
         return events
+
+    def speech_onset(self, *, onset_at: float | None = None) -> None:
+        """Another VAD saw a first speech window (or a speech start it will confirm later): yield.
+
+        Resumes by itself after ``resume_after_ms`` unless :meth:`speech_started` confirms it;
+        :meth:`speech_ended` before that resumes at once."""
+        self._on_onset(self.clock() if onset_at is None else onset_at, onset_s=None)
 
     def speech_started(self, *, onset_at: float | None = None, decided_at: float | None = None) -> None:
         """Another VAD declared caller speech (times on this controller's clock; default now)."""
@@ -331,12 +428,65 @@ class BargeIn:
             self._disarm()
             utt = self.output.current
             self._ignore("too_short", onset_at, utt.id if utt is not None else None)
+            self._resume("too_short")
+        elif self._yield is not None:
+            self._resume("dropped")
 
     async def aclose(self) -> None:
         self._disarm()
+        self._resume("dropped")
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
+
+    # ------------------------------------------------------------------ yield, then confirm
+
+    def _on_onset(self, onset_at: float, *, onset_s: float | None) -> None:
+        out = self.output
+        utt = out.current
+        if not self.options.yield_on_onset or self._yield is not None or out.paused:
+            return
+        if utt is None or not utt.active or not utt.allow_interruptions:
+            return  # nothing to yield; the confirmed start (if any) reports why
+        y = _Yield(utt=utt, onset_at=onset_at, onset_s=onset_s, pause=out.pause())
+        delay = max(0.0, onset_at + self._resume_window_s() - self.clock())
+        y.timer = asyncio.get_running_loop().call_later(delay, self._resume, "timeout")
+        self._yield = y
+
+    def _resume_window_s(self) -> float:
+        """``resume_after_ms``, but never shorter than a confirmation can take."""
+        need = self.options.min_speech_ms / 1000.0
+        if self.vad is not None:
+            need += self.vad.params.min_speech_ms / 1000.0 + 2 * self.vad.params.window_s
+        return max(self.options.resume_after_ms / 1000.0, need)
+
+    def _resume_due(self, since_onset_s: float) -> bool:
+        return self._armed is None and since_onset_s >= self._resume_window_s() - 1e-9
+
+    def _resume(self, reason: ResumeReason) -> None:
+        """Not confirmed: play on from the paused point (no-op when not yielding)."""
+        y, self._yield = self._yield, None
+        if y is None:
+            return
+        if y.timer is not None:
+            y.timer.cancel()
+        if not y.utt.active or self.output.current is not y.utt:
+            return  # stopped meanwhile (finished, lost): nothing to resume
+        if reason == "timeout" and self._armed is not None:
+            self._yield = y  # a confirmed start is waiting for min speech: keep quiet
+            return
+        resumed_at = self.output.resume()
+        ev = FalseInterruption(
+            utterance_id=y.utt.id,
+            onset_at=y.onset_at,
+            silent_at=y.pause.silent_at,
+            resumed_at=resumed_at if resumed_at is not None else self.clock(),
+            reason=reason,
+            held_ms=y.pause.held_ms,
+        )
+        self.false_interruptions.append(ev)
+        self.metrics.false_interruptions.labels(reason).inc()
+        self._emit(ev)
 
     # ------------------------------------------------------------------ decision
 
@@ -367,6 +517,11 @@ class BargeIn:
     def _fire(self, onset_at: float, decided_at: float) -> None:
         out = self.output
         utt = out.current
+        y, self._yield = self._yield, None
+        if y is not None and y.timer is not None:
+            y.timer.cancel()
+        if y is not None and y.utt is utt:
+            onset_at = min(onset_at, y.onset_at)  # the caller started at the yield's window
         if utt is None or not utt.active:
             self._ignore("not_speaking", onset_at, utt.id if utt is not None else None)
             return
@@ -388,6 +543,7 @@ class BargeIn:
             cancel_sent_at=self.clock(),
             onset_at=onset_at,
             decided_at=decided_at,
+            yielded_at=y.pause.silent_at if y is not None and y.utt is utt else None,
             stop=stop,
             after_onset_ms=1000.0 * max(0, heard_now - heard_at_onset) / out.sample_rate + stop.fade_ms,
             stale_before=stale_before,
@@ -420,6 +576,7 @@ class BargeIn:
             acked=outcome in ("acked", "finished"),
             onset_at=cut.onset_at,
             decided_at=cut.decided_at,
+            yielded_at=cut.yielded_at,
             handled_at=cut.stop.at,
             silent_at=cut.stop.silent_at,
             cancel_sent_at=cut.cancel_sent_at,

@@ -20,6 +20,15 @@ owns the jitter buffer, the playout clock and the bookkeeping:
   that reached the sink after its flush: **it must stay 0** (a regression guard, kept by
   construction: the flush clears the tags with the buffer and the feeder refuses late frames).
 
+Yield, then confirm: :meth:`SpeechOutput.pause` is the first half of a barge-in. It silences the
+sink as fast as :meth:`stop` (flush, then a short ``pause_fade_ms`` fade-out) but *keeps the
+place*: the samples the flush took back from the sink are held, the jitter buffer keeps what it
+has and keeps receiving, and :meth:`resume` plays on from the first sample not yet heard (with a
+matching fade-in), so a cough costs the caller a short gap, never a lost or repeated word. A
+confirmed barge-in calls :meth:`stop` during the pause: the held samples and the jitter buffer
+are dropped, no second fade is written (the bot is already quiet), and ``heard_ms`` /
+``heard_words`` end at the pause point.
+
 Lost connection mid-utterance (the policy the barge-in controller documents too): the utterance
 is **abandoned, never resumed or restarted**. The feeder sees ``TTSConnectionError``, the output
 stops at once with the soft fade (status ``LOST``), and :attr:`Utterance.heard_words` /
@@ -51,7 +60,7 @@ from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSCon
 from .jitter import AdaptiveJitterBuffer, JitterState
 from .playback import PlaybackSink
 
-__all__ = ["SpeechOutput", "SpeechStats", "StopResult", "Utterance", "UtteranceStatus"]
+__all__ = ["PauseResult", "SpeechOutput", "SpeechStats", "StopResult", "Utterance", "UtteranceStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +157,17 @@ class StopResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PauseResult:
+    """What :meth:`SpeechOutput.pause` did. Times are on the output's clock."""
+
+    at: float  # when the sink was flushed
+    silent_at: float  # end of the fade-out: the bot is quiet from here
+    fade_ms: float
+    held_ms: float  # audio taken back from the sink, played first on resume
+    utterance: Utterance | None
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechStats:
     frames_in: int
     frames_played: int
@@ -158,6 +178,8 @@ class SpeechStats:
     jitter_depth_ms: float
     sink_queued_ms: float
     stops: int
+    pauses: int = 0
+    resumes: int = 0
 
 
 class SpeechOutput:
@@ -177,6 +199,7 @@ class SpeechOutput:
         block_ms: float = 20.0,
         sink_lead_ms: float = 60.0,
         fade_ms: float = 20.0,
+        pause_fade_ms: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if sample_rate <= 0:
@@ -185,6 +208,8 @@ class SpeechOutput:
             raise ValueError(f"need block_ms > 0 and sink_lead_ms >= block_ms, got {block_ms}, {sink_lead_ms}")
         if not 0 <= fade_ms <= 100:
             raise ValueError(f"fade_ms must be in [0, 100] (10-30 ms avoids a click), got {fade_ms}")
+        if not 0 <= pause_fade_ms <= 50:
+            raise ValueError(f"pause_fade_ms must be in [0, 50] (a pause must be quick), got {pause_fade_ms}")
         self.sink = sink
         self.sample_rate = sample_rate
         self.jitter = jitter if jitter is not None else AdaptiveJitterBuffer(sample_rate=sample_rate, clock=clock)
@@ -193,6 +218,7 @@ class SpeechOutput:
         self.block_ms = block_ms
         self.sink_lead_ms = sink_lead_ms
         self.fade_ms = fade_ms
+        self.pause_fade_ms = pause_fade_ms
         self.clock = clock
         self._block = max(1, round(block_ms * sample_rate / 1000))
         self._ids = itertools.count(1)
@@ -211,7 +237,12 @@ class SpeechOutput:
         self.frames_refused = 0
         self.stale_frames_played = 0
         self.stops = 0
+        self.pauses = 0
+        self.resumes = 0
         self.last_stop: StopResult | None = None
+        self._pause: PauseResult | None = None  # set while paused
+        self._held = np.zeros(0, dtype=np.int16)  # taken back from the sink by the pause
+        self._fade_in = np.zeros(0, dtype=np.int32)  # the rest of the resume's ramp, in 1/32768
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,7 +336,11 @@ class SpeechOutput:
         """
         now = self.clock()
         utt = self._current
-        fade_n = round(self.fade_ms * self.sample_rate / 1000) if fade else 0
+        paused, self._pause = self._pause, None
+        self._held = np.zeros(0, dtype=np.int16)  # never heard: not part of the utterance any more
+        self._fade_in = np.zeros(0, dtype=np.int32)
+        # while paused the bot is already quiet (or fading): a second fade would be audio after silence
+        fade_n = round(self.fade_ms * self.sample_rate / 1000) if fade and paused is None else 0
         queued = self._samples(self.sink.queued_ms)
         upcoming = self._upcoming(fade_n, queued) if fade_n else np.zeros(0, dtype=np.int16)
         sink_ms = float(self.sink.flush())
@@ -315,7 +350,7 @@ class SpeechOutput:
         self._tags.clear()
         self._recent = np.zeros(0, dtype=np.int16)
         self.stops += 1
-        silent_at = flushed_at
+        silent_at = flushed_at  # while paused: quiet since the pause, silent for good from here
         if upcoming.size:
             # raised-cosine 1 -> 0 over the audio that was due next: continuous with what was heard
             ramp = 0.5 * (1.0 + np.cos(np.linspace(0.0, math.pi, upcoming.size + 1)[1:]))
@@ -337,6 +372,71 @@ class SpeechOutput:
             utterance=utt,
         )
         return self.last_stop
+
+    @property
+    def paused(self) -> bool:
+        return self._pause is not None
+
+    def pause(self) -> PauseResult:
+        """Yield: silence now (flush + ``pause_fade_ms`` fade-out) but keep the place.
+
+        Synchronous, like :meth:`stop`. Calling it again while paused returns the same result.
+        The samples the flush took back are held for :meth:`resume`; the faded ones count as heard.
+        """
+        if self._pause is not None:
+            return self._pause
+        utt = self._current
+        queued = self._samples(self.sink.queued_ms)
+        self.sink.flush()
+        flushed_at = self.clock()
+        start = max(0, self._recent.size - queued)
+        held = self._recent[start:].copy()
+        self._recent = self._recent[:start]
+        self._written -= queued
+        fade_n = min(held.size, round(self.pause_fade_ms * self.sample_rate / 1000))
+        silent_at = flushed_at
+        if fade_n:
+            ramp = 0.5 * (1.0 + np.cos(np.linspace(0.0, math.pi, fade_n + 1)[1:]))
+            self.sink.write(np.round(held[:fade_n].astype(np.float64) * ramp).astype(np.int16).tobytes())
+            self._written += fade_n
+            self._recent = np.concatenate((self._recent, held[:fade_n]))
+            silent_at = self.clock() + fade_n / self.sample_rate
+        self._held = held[fade_n:]
+        if utt is not None and utt.active:
+            utt.samples_played -= self._held.size  # written, never heard (yet)
+        self.pauses += 1
+        self._pause = PauseResult(
+            at=flushed_at,
+            silent_at=silent_at,
+            fade_ms=1000.0 * fade_n / self.sample_rate,
+            held_ms=1000.0 * self._held.size / self.sample_rate,
+            utterance=utt,
+        )
+        return self._pause
+
+    def resume(self) -> float | None:
+        """Play on from the first unheard sample (fade-in over ``pause_fade_ms``); returns the
+        clock time playback resumed, or None when not paused."""
+        if self._pause is None:
+            return None
+        self._pause = None
+        held, self._held = self._held, np.zeros(0, dtype=np.int16)
+        utt = self._current
+        now = self.clock()
+        # the first samples after the gap, held or from the jitter buffer, ramp up from silence
+        self._fade_in = np.round(
+            0.5
+            * (1.0 - np.cos(np.linspace(0.0, math.pi, round(self.pause_fade_ms * self.sample_rate / 1000) + 1)[1:]))
+            * 32768
+        ).astype(np.int32)
+        if utt is not None and utt.active and held.size:
+            self._sink_write(held)
+            self._written += held.size
+            self._recent = np.concatenate((self._recent, held))[-self._recent_max :]
+            utt.samples_played += held.size
+        self.resumes += 1
+        self._wake.set()
+        return now
 
     # ------------------------------------------------------------------ figures
 
@@ -363,6 +463,8 @@ class SpeechOutput:
             jitter_depth_ms=self.jitter.depth_ms,
             sink_queued_ms=self.sink.queued_ms,
             stops=self.stops,
+            pauses=self.pauses,
+            resumes=self.resumes,
         )
 
     # ------------------------------------------------------------------ internals
@@ -422,11 +524,17 @@ class SpeechOutput:
                     self._current.error = RuntimeError("playout failed")
                     self.stop(fade=False, status=UtteranceStatus.FAILED)
             self._wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
+            # event is set (aclose() then waited forever for this task)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), block_s)
+                async with asyncio.timeout(block_s):
+                    await self._wake.wait()
 
     def _pump(self) -> None:
         now = self.clock()
+        if self._pause is not None:  # yielding: the jitter buffer keeps its audio for resume()
+            self._history.append((now, self._heard_samples()))
+            return
         queued_ms = self.sink.queued_ms
         while queued_ms < self.sink_lead_ms and self.jitter.state is not JitterState.IDLE:
             before = self._jitter_samples()
@@ -449,8 +557,18 @@ class SpeechOutput:
             utt.samples_heard = utt.samples_played
             self._end(utt, UtteranceStatus.FINISHED, now)
 
-    def _write(self, samples: np.ndarray, now: float) -> None:
+    def _sink_write(self, samples: np.ndarray) -> None:
+        """Write to the sink, applying what is left of a resume's fade-in."""
+        ramp = self._fade_in
+        if ramp.size:
+            k = min(ramp.size, samples.size)
+            samples = samples.copy()
+            samples[:k] = (samples[:k].astype(np.int32) * ramp[:k]) // 32768
+            self._fade_in = ramp[k:]
         self.sink.write(samples.tobytes())
+
+    def _write(self, samples: np.ndarray, now: float) -> None:
+        self._sink_write(samples)
         self._written += samples.size
         recent = np.concatenate((self._recent, samples))
         self._recent = recent[-self._recent_max :]

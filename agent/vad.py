@@ -27,6 +27,10 @@ Decision logic (hysteresis, as in Silero's own ``VADIterator``):
 * ``speech_start`` is declared once the run has lasted ``min_speech_ms`` and the current window
   is itself above ``threshold``. Its ``onset_s`` is the start of the run's *first* window (when
   the caller began), ``decided_s`` the end of the deciding window (when we knew);
+* with ``report_onsets`` on, the run's first window is also reported at once as ``onset`` and a
+  run dropped before ``speech_start`` as ``onset_dropped``: the barge-in controller pauses the
+  bot on the first and resumes it on the second (yield, then confirm), so the caller hears the
+  bot stop ~32 ms after they start rather than after ``min_speech_ms``;
 * while speaking, the first window below ``neg_threshold`` opens a tentative end; any window at or
   above ``threshold`` cancels it; after ``min_silence_ms`` of it ``speech_end`` is declared,
   with ``onset_s`` at the start of that silence.
@@ -182,10 +186,13 @@ class VADEvent:
 
     ``onset_s``: where the boundary really is in the audio (first speech window for
     ``speech_start``, first silent window for ``speech_end``). ``decided_s``: the stream time at
-    which the VAD declared it; ``decided_s - onset_s`` is the decision delay.
+    which the VAD declared it; ``decided_s - onset_s`` is the decision delay. ``onset``: a
+    candidate run's first window (``decided_s`` is its end); ``onset_dropped``: that run ended
+    before ``speech_start`` (``onset_s`` is the run's start, ``decided_s`` the end of the window
+    that dropped it).
     """
 
-    kind: Literal["speech_start", "speech_end"]
+    kind: Literal["speech_start", "speech_end", "onset", "onset_dropped"]
     onset_s: float
     decided_s: float
     probability: float = field(default=0.0, compare=False)
@@ -206,8 +213,11 @@ class SileroVAD:
         params: VADParams | None = None,
         *,
         model_path: str | os.PathLike[str] | None = None,
+        report_onsets: bool = False,
     ) -> None:
         self.params = params if params is not None else VADParams()
+        # off by default: consumers that know only speech_start/speech_end see nothing new
+        self.report_onsets = report_onsets
         self.model_path = find_model_path(model_path)
         self._session = _load_session(str(self.model_path))
         sr = self.params.sample_rate
@@ -260,9 +270,9 @@ class SileroVAD:
         events: list[VADEvent] = []
         for k in range(n_windows):
             prob = self._infer(samples[k * self._window : (k + 1) * self._window])
-            event = self._decide(prob)
-            if event is not None:
-                events.append(event)
+            for event in self._decide(prob):
+                if self.report_onsets or event.kind in ("speech_start", "speech_end"):
+                    events.append(event)
         self._pending = samples[n_windows * self._window :].copy()
         return events
 
@@ -274,7 +284,7 @@ class SileroVAD:
         self._input[0, :ctx] = self._input[0, -ctx:]
         return float(prob.reshape(-1)[0])
 
-    def _decide(self, prob: float) -> VADEvent | None:
+    def _decide(self, prob: float) -> list[VADEvent]:
         p = self.params
         i = self._windows_done
         self._windows_done += 1
@@ -284,10 +294,13 @@ class SileroVAD:
         assert p.neg_threshold is not None  # resolved in VADParams.__post_init__
 
         if not self._speaking:
+            events: list[VADEvent] = []
             if self._run_start is None:
                 if prob >= p.threshold:
                     self._run_start = i
+                    events.append(VADEvent("onset", i * win_s, decided, prob))
             elif prob < p.neg_threshold:
+                events.append(VADEvent("onset_dropped", self._run_start * win_s, decided, prob))
                 self._run_start = None
             if (
                 self._run_start is not None
@@ -298,8 +311,8 @@ class SileroVAD:
                 self._silence_start = None
                 onset = self._run_start * win_s
                 self._run_start = None
-                return VADEvent("speech_start", onset, decided, prob)
-            return None
+                events.append(VADEvent("speech_start", onset, decided, prob))
+            return events
 
         if prob >= p.threshold:
             self._silence_start = None
@@ -309,8 +322,8 @@ class SileroVAD:
             self._speaking = False
             onset = self._silence_start * win_s
             self._silence_start = None
-            return VADEvent("speech_end", onset, decided, prob)
-        return None
+            return [VADEvent("speech_end", onset, decided, prob)]
+        return []
 
 
 def _to_float32(pcm: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:

@@ -97,7 +97,8 @@ async def test_barge_in_end_to_end(tts_server, speech):
     assert res.barged_in and isinstance(rec, BargeInRecord)
     print(
         f"\n[barge-in] onset->silence {rec.onset_to_silence_ms:.0f} ms (VAD decision {rec.vad_decision_ms:.0f}, "
-        f"reaction {rec.react_ms:.1f}, fade {rec.fade_ms:.0f}); cancel->ack {rec.cancel_to_ack_ms:.1f} ms; "
+        f"reaction {rec.react_ms:.1f}, fade {rec.fade_ms:.0f}); yield {rec.yield_ms:.0f} ms; "
+        f"cancel->ack {rec.cancel_to_ack_ms:.1f} ms; "
         f"dropped after cancel {rec.frames_dropped} (server never sent {rec.frames_dropped_server}); "
         f"audio after onset {rec.audio_after_onset_ms:.0f} ms; next turn TTFB {res.next_ttfb_ms:.0f} ms"
     )
@@ -190,13 +191,16 @@ async def test_burst_shorter_than_min_speech_does_not_barge_in(tts_server, speec
         utt = await out.say(client, LONG_ANSWER)
         await utt.wait_playing(30)
         silence = np.zeros(SR // 2, np.float32)
-        # shorter than the VAD's own 200 ms: no speech start at all
-        assert feed_chunks(barge, np.concatenate((silence, burst(speech, 120), silence))) == []
+        # shorter than the VAD's own 200 ms: no speech start; the bot yielded and resumed
+        events = feed_chunks(barge, np.concatenate((silence, burst(speech, 120), silence)))
+        assert [e.kind for e in events] == ["onset", "onset_dropped"]
+        assert [f.reason for f in barge.false_interruptions] == ["dropped"] and not out.paused
         # 400 ms: the VAD declares speech, but the caller stops before the 600 ms asked for
         events = feed_chunks(barge, np.concatenate((burst(speech, 400), silence, silence)))
-        assert [e.kind for e in events] == ["speech_start", "speech_end"]
+        assert [e.kind for e in events] == ["onset", "speech_start", "speech_end"]
         assert barge.records == [] and [i.reason for i in barge.ignored] == ["too_short"]
-        assert utt.active and out.sink.flushes == []
+        assert [f.reason for f in barge.false_interruptions] == ["dropped", "too_short"]
+        assert utt.active and not out.paused and out.pauses == out.resumes == 2
         # control: the caller keeps talking: barge-in once 600 ms of speech were heard
         barge.reset_vad()
         feed_chunks(barge, np.concatenate((caller_clip(speech, 1.2), silence)), t0=time.monotonic())
@@ -214,8 +218,8 @@ async def test_utterance_that_denies_interruption_plays_to_the_end(tts_server, s
         utt = await out.say(client, SHORT, allow_interruptions=False)
         await utt.wait_playing(30)
         events = feed_chunks(barge, caller_clip(speech, 0.8))
-        assert [e.kind for e in events] == ["speech_start"]
-        assert utt.active
+        assert [e.kind for e in events] == ["onset", "speech_start"]
+        assert utt.active and out.pauses == 0  # no yield either
         assert await utt.wait(30) is UtteranceStatus.FINISHED
     assert barge.records == []
     assert isinstance(barge.ignored[0], BargeInIgnored) and barge.ignored[0].reason == "denied"

@@ -208,3 +208,24 @@ def test_loading_the_model_does_not_import_torch():
 
     code = "import sys; from agent.vad import SileroVAD; SileroVAD(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_onsets_report_the_first_speech_window_and_dropped_candidates(speech):
+    """With report_onsets, speech yields onset then speech_start at the same onset; a cough-length
+    burst of speech yields onset then onset_dropped; without it, neither is reported."""
+    sr = 16000
+    signal = _padded(speech.at(sr), sr, after=0.5)
+    plain = SileroVAD(VADParams(sample_rate=sr)).feed(signal)
+    vad = SileroVAD(VADParams(sample_rate=sr), report_onsets=True)
+    events = _feed_in_chunks(vad, signal, [512])
+    assert [e for e in events if e.kind in ("speech_start", "speech_end")] == plain
+    first = events[0]
+    assert first.kind == "onset" and first.onset_s == plain[0].onset_s
+    assert first.decided_s == pytest.approx(first.onset_s + vad.params.window_s)
+    # streaming == offline holds for the new events too
+    assert _feed_in_chunks(SileroVAD(VADParams(sample_rate=sr), report_onsets=True), signal, [777, 5]) == events
+    start, _ = speech.bounds()
+    short = speech.at(sr)[int(start * sr) : int((start + 0.1) * sr)]
+    kinds = [e.kind for e in SileroVAD(VADParams(sample_rate=sr), report_onsets=True).feed(_padded(short, sr))]
+    assert kinds == ["onset", "onset_dropped"]
+    assert SileroVAD(VADParams(sample_rate=sr)).feed(_padded(short, sr)) == []
