@@ -221,7 +221,7 @@ class PiperEngine:
             while start < prepared.frames:
                 end = min(prepared.frames, start + size)
                 self.decode([Window(prepared, start, end)])
-                start, size = end, 64
+                start, size = end, 96
             if timed:
                 audio_s = prepared.frames * HOP / self.voices[voice].sample_rate
                 cost = (time.perf_counter() - t1) / audio_s
