@@ -35,6 +35,8 @@ from torch import Tensor
 
 GROUP = 32  # Q4_1/Q8_0 block length: values per scale
 REFINE = 64  # head candidates recomputed in float32 (see Llama._head)
+INT4_MAX_ROWS = 16  # above this many rows a bf16 GEMM beats the int4 kernel (docs/BENCHMARKS.md)
+CAUSAL_MIN_ROWS = 256  # a fresh prompt longer than this runs causal SDPA (half the work; slower when short)
 
 
 class ModelFormatError(ValueError):
@@ -290,6 +292,9 @@ def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4
             zero = w.minimum.float() + 8 * scale
             out[name + ".packed"] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32), 1)
             out[name + ".sz"] = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+            # Also dense bf16, for prefills: the int4 kernel is a matrix-vector kernel, several
+            # times slower than a bf16 GEMM once a call holds more than a few rows.
+            out[name + ".weight"] = w.dequantize().to(torch.bfloat16).contiguous()
         else:
             out[name + ".weight"] = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
 
@@ -315,17 +320,14 @@ def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4
 
 
 class Linear:
-    """``x [T, in] -> [T, out]``: an int4-packed matrix (bf16 activations) or a dense one."""
+    """``x [T, in] -> [T, out]``: the int4 kernel for a few rows (decoding), else a dense matmul."""
 
     def __init__(self, t: dict[str, Tensor], name: str) -> None:
-        self.packed = t.get(name + ".packed")
-        if self.packed is not None:
-            self.sz = t[name + ".sz"]
-        else:
-            self.weight = t[name + ".weight"]
+        self.packed, self.sz = t.get(name + ".packed"), t.get(name + ".sz")
+        self.weight = t[name + ".weight"]
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.packed is not None:
+        if self.packed is not None and x.shape[0] <= INT4_MAX_ROWS:
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.sz)
         return F.linear(x, self.weight)
 
@@ -390,7 +392,8 @@ class Llama:
         H, KV, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.groups, cfg.head_dim
         cos, sin = self.cos[start:S], self.sin[start:S]
         mask = None
-        if T > 1:  # query t sits at start+t and sees keys up to there; rows ordered (g, t)
+        causal = start == 0 and T > CAUSAL_MIN_ROWS
+        if T > 1 and not causal:  # query t sits at start+t and sees keys up to there; rows ordered (g, t)
             keys = torch.arange(S)
             mask = (keys[None, :] <= torch.arange(start, S)[:, None]).repeat(G, 1)
         # The residual stream stays float32 and only matmul inputs are cast: 30 layers of bf16
@@ -405,13 +408,22 @@ class Llama:
             k = k * cos + _rotate_half(k) * sin
             ck[slot, :, start:S] = k.transpose(0, 1)
             cv[slot, :, start:S] = v.view(T, KV, hd).transpose(0, 1)
-            # Query head h = j*G + g uses KV head j: fold G into the query length, read each KV
-            # head once. 4-D inputs: with 3-D ones SDPA takes its slow "math" path on the CPU.
-            qg = q.view(T, KV, G, hd).permute(1, 2, 0, 3).reshape(1, KV, G * T, hd)
-            o = F.scaled_dot_product_attention(
-                qg, ck[slot : slot + 1, :, :S], cv[slot : slot + 1, :, :S], attn_mask=mask
-            )
-            x = x + layer.wo(o.view(KV, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd))
+            keys, values = ck[slot : slot + 1, :, :S], cv[slot : slot + 1, :, :S]
+            if causal:  # a long fresh prompt: causal SDPA skips the masked half; GQA by repeating K/V
+                o = F.scaled_dot_product_attention(
+                    q.transpose(0, 1)[None],
+                    keys.repeat_interleave(G, 1),
+                    values.repeat_interleave(G, 1),
+                    is_causal=True,
+                )
+                o = o[0].transpose(0, 1).reshape(T, H * hd)
+            else:
+                # Query head h = j*G + g uses KV head j: fold G into the query length, read each KV
+                # head once. 4-D inputs: with 3-D ones SDPA takes its slow "math" path on the CPU.
+                qg = q.view(T, KV, G, hd).permute(1, 2, 0, 3).reshape(1, KV, G * T, hd)
+                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+                o = o.view(KV, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd)
+            x = x + layer.wo(o)
             h = F.rms_norm(x, (cfg.dim,), layer.ffn_norm, cfg.norm_eps).to(self.dtype)
             gate, up = layer.w13(h).chunk(2, dim=-1)
             x = x + layer.w2(F.silu(gate) * up)

@@ -44,7 +44,7 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8766
 MODEL_ENV = "LLM_MODEL_PATH"
-CACHE_VERSION = "v2"  # bump when the cached tensors' layout changes
+CACHE_VERSION = "v3"  # bump when the cached tensors' layout changes
 # End-of-turn tokens of common chat templates; the ones in the vocabulary stop generation.
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 TRIM_STEP = 8  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit)

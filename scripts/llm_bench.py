@@ -3,7 +3,8 @@
 * new: ``pipelines.local_llm.LocalLLM`` (our int4 Llama with the conversation KV cache), at 1 and
   2 torch threads, in-process and through its HTTP endpoint (what the agents see);
 * old: transformers ``generate`` on the same GGUF (the endpoint's runtime before), which pre-fills
-  the whole conversation at every turn.
+  the whole conversation at every turn;
+* both: one 1000-token prefill (a history near the cache's end, after its window moved).
 
 Each runtime answers the same three user turns, its own replies kept in the history (as in a
 call). First token = from the request to the first generated token; tokens/s = the reply's
@@ -223,6 +224,31 @@ def run_old(threads: int) -> list[dict]:
     return turns
 
 
+LONG_PROMPT = 1000  # tokens: a history near the cache's end, pre-filled whole after the window moved
+
+
+def prefill_new(llm) -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    model = llm.engine.model
+    t0 = time.perf_counter()
+    model.forward(list(range(1000, 1000 + LONG_PROMPT)), 0, 0)
+    llm.engine.reset()
+    return (time.perf_counter() - t0) * 1000
+
+
+def prefill_old() -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    _tok, model = _old_model()
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        model(torch.arange(1000, 1000 + LONG_PROMPT)[None])
+    return (time.perf_counter() - t0) * 1000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None)
@@ -241,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     result["old_2_threads"] = run_old(2)
     result["old_1_thread"] = run_old(1)
     result["new_1_thread_again"] = run_new(llm, 1)  # same run, after the old one: drift check
+    result["prefill_ms"] = {"new_1_thread": prefill_new(llm), "old_1_thread": prefill_old()}
     result["load_avg_after"] = os.getloadavg()
 
     if "loads" in result:
@@ -263,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"endpoint (HTTP SSE)      turn {i}: first piece {t['first_token_ms']:.0f} ms, reused {t['reused_tokens']}"
         )
+    pf = result["prefill_ms"]
+    print(f"{LONG_PROMPT}-token prefill, 1 thread: new {pf['new_1_thread']:.0f} ms, old {pf['old_1_thread']:.0f} ms")
     print(f"load average before {result['load_avg_before']}, after {result['load_avg_after']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

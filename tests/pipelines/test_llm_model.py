@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipelines.llm_chat import ChatEngine, Sampling, StreamDecoder
-from pipelines.llm_model import Llama, dense, prepare, read_gguf
+from pipelines.llm_model import CAUSAL_MIN_ROWS, Llama, dense, prepare, read_gguf
 from pipelines.local_llm import LocalLLM, bundled_gguf
 
 pytestmark = pytest.mark.timeout(600)
@@ -118,6 +118,16 @@ def test_fp32_greedy_matches_transformers_on_the_same_weights(gguf_weights, fp32
     fp32.reset()
     logits = fp32.model.forward(ids, 0, 0)
     assert torch.allclose(logits, ref_logits, atol=2e-3), (logits - ref_logits).abs().max()
+    # A long fresh prompt takes the causal-SDPA path; a chunk after it the masked one.
+    story = [SYSTEM, {"role": "user", "content": "Tell me about the sea. " * 60}]
+    long_ids = llm.tokenizer.encode_chat(story)
+    assert len(long_ids) > CAUSAL_MIN_ROWS
+    with torch.inference_mode():
+        ref_long = reference(torch.tensor([long_ids + ids[-20:]])).logits[0]
+    logits = fp32.model.forward(long_ids, 0, 0)
+    assert torch.allclose(logits, ref_long[len(long_ids) - 1], atol=2e-3)
+    logits = fp32.model.forward(ids[-20:], 0, len(long_ids))
+    assert torch.allclose(logits, ref_long[-1], atol=2e-3)
 
 
 def test_int4_serving_model_starts_like_the_fp32_reference(llm: LocalLLM, fp32: ChatEngine) -> None:
