@@ -9,7 +9,9 @@ clock. :class:`~agent.bargein.BargeIn` fires; the run measures it, checks on the
 audio played after the silence point, and - once the cancel is acknowledged and the caller has
 finished - starts the next turn on the same connection and records its TTFB.
 
-Figures per run and overall: onset -> silence, split into the VAD's decision time (min speech),
+Figures per run and overall: yield (onset -> the bot paused at the VAD's first speech window,
+:class:`~agent.bargein.BargeIn`'s yield-then-confirm; ``--no-yield`` turns it off),
+onset -> silence, split into the VAD's decision time (min speech),
 the reaction (caller-audio chunking + scheduling) and the fade; cancel -> ack (off the silence
 path: silence does not wait for the network); frames dropped after the cancel; stale frames
 played (must be 0).
@@ -325,6 +327,7 @@ class SimulationReport:
             "runs": len(self.runs),
             "barge_ins": len(recs),
             "acked": sum(r.acked for r in recs),
+            "yield_ms": stat([r.yield_ms for r in recs if r.yield_ms is not None]),
             "onset_to_silence_ms": stat([r.onset_to_silence_ms for r in recs]),
             "true_onset_to_silence_ms": stat(
                 [1000.0 * (r.record.silent_at - r.true_onset_at) for r in self.runs if r.record is not None]
@@ -372,6 +375,7 @@ async def simulate(
     caller_audio: np.ndarray | None = None,
     fade_ms: float = 20.0,
     min_speech_ms: float = 0.0,
+    yield_on_onset: bool = True,
     vad_params: VADParams | None = None,
     cancel_timeout: float = 1.0,
     on_run: Callable[[ScenarioResult], None] | None = None,
@@ -387,7 +391,7 @@ async def simulate(
         barge = BargeIn(
             output,
             vad=SileroVAD(vad_params or VADParams(sample_rate=VAD_RATE)),
-            options=BargeInOptions(min_speech_ms=min_speech_ms),
+            options=BargeInOptions(min_speech_ms=min_speech_ms, yield_on_onset=yield_on_onset),
             metrics=metrics,
         )
         async with output:
@@ -418,6 +422,7 @@ async def simulate(
             "spread_ms": spread_ms,
             "fade_ms": fade_ms,
             "min_speech_ms": min_speech_ms,
+            "yield_on_onset": yield_on_onset,
             "vad": asdict(vad_params or VADParams(sample_rate=VAD_RATE)),
             "cancel_timeout_s": cancel_timeout,
             "caller_audio_s": audio.size / VAD_RATE,
@@ -456,6 +461,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--spread-ms", type=float, default=0.0, help="vary the start over runs within this many ms")
     b.add_argument("--fade-ms", type=float, default=20.0, help="soft-stop fade (0: hard cut)")
     b.add_argument("--min-speech-ms", type=float, default=0.0, help="caller speech needed before barging in")
+    b.add_argument("--no-yield", action="store_true", help="no pause at the first speech window (the old behaviour)")
     b.add_argument("--vad-min-speech-ms", type=float, default=200.0, help="the VAD's own min speech")
     b.add_argument("--caller-text", default=CALLER_TEXT)
     b.add_argument("--json", metavar="FILE", help="write every figure to FILE")
@@ -491,7 +497,8 @@ def _cli(args: argparse.Namespace) -> int:
                 print(f"run {r.index + 1}: no barge-in {r.problems}", flush=True)
                 return
             print(
-                f"run {r.index + 1}: onset to silence ms: {rec.onset_to_silence_ms:.0f} | "
+                f"run {r.index + 1}: yield ms: {_fmt(rec.yield_ms)} | "
+                f"onset to silence ms: {rec.onset_to_silence_ms:.0f} | "
                 f"cancel to ack ms: {rec.cancel_to_ack_ms:.1f} | stale frames played: {r.stale_frames_played} | "
                 f"next turn TTFB {_fmt(r.next_ttfb_ms)} ms" + ("" if r.ok else f" | PROBLEMS {r.problems}"),
                 flush=True,
@@ -507,6 +514,7 @@ def _cli(args: argparse.Namespace) -> int:
                     caller_audio=audio,
                     fade_ms=args.fade_ms,
                     min_speech_ms=args.min_speech_ms,
+                    yield_on_onset=not args.no_yield,
                     vad_params=VADParams(sample_rate=VAD_RATE, min_speech_ms=args.vad_min_speech_ms),
                     on_run=on_run,
                 )
@@ -543,6 +551,7 @@ def print_report(report: SimulationReport, console=None) -> None:
         "run",
         "at",
         "outcome",
+        "yield",
         "onset→silent",
         "VAD decision",
         "react",
@@ -561,6 +570,7 @@ def print_report(report: SimulationReport, console=None) -> None:
             str(r.index + 1),
             f"{r.at_ms:.0f}",
             rec.outcome if rec else "none",
+            _fmt(rec.yield_ms if rec else None),
             _fmt(rec.onset_to_silence_ms if rec else None),
             _fmt(rec.vad_decision_ms if rec else None),
             _fmt(rec.react_ms if rec else None, 1),
@@ -579,6 +589,7 @@ def print_report(report: SimulationReport, console=None) -> None:
     for col in ("figure", "median", "p95", "min", "max"):
         overall.add_column(col, justify="right")
     for key, label in (
+        ("yield_ms", "yield (onset → paused)"),
         ("onset_to_silence_ms", "onset → silence"),
         ("true_onset_to_silence_ms", "audible onset → silence"),
         ("vad_decision_ms", "  VAD decision (onset → decided)"),
@@ -595,8 +606,9 @@ def print_report(report: SimulationReport, console=None) -> None:
         else:
             overall.add_row(label, *(f"{st[k]:.1f}" for k in ("median", "p95", "min", "max")))
     console.print(overall)
-    o2s, c2a = s["onset_to_silence_ms"], s["cancel_to_ack_ms"]
+    o2s, c2a, yld = s["onset_to_silence_ms"], s["cancel_to_ack_ms"], s["yield_ms"]
     lines = [
+        "yield ms: " + (f"median {yld['median']:.0f}, p95 {yld['p95']:.0f}, max {yld['max']:.0f}" if yld else "-"),
         "onset to silence ms: "
         + (f"median {o2s['median']:.0f}, p95 {o2s['p95']:.0f}, max {o2s['max']:.0f}" if o2s else "-"),
         "cancel to ack ms: "

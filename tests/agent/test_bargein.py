@@ -306,10 +306,12 @@ async def test_simulate_command_prints_the_summary_and_writes_json(tts_server, t
     assert code == 0, text
     lines = text.splitlines()
     assert any(line.startswith("onset to silence ms: median ") for line in lines)
+    assert any(line.startswith("yield ms: median ") for line in lines)
     assert any(line.startswith("cancel to ack ms: median ") for line in lines)
     assert "stale frames played: 0" in lines
     report = json.loads(path.read_text())
     summary = report["summary"]
     assert summary["runs"] == 1 and summary["barge_ins"] == 1 and summary["acked"] == 1
     assert summary["stale_frames_played"] == 0 and summary["connections"] == 1
+    assert summary["yield_ms"]["max"] < summary["onset_to_silence_ms"]["min"]
     assert all(r["ok"] and r["next_status"] == "finished" for r in report["runs"])
