@@ -94,6 +94,8 @@ class SchedulerOptions:
     max_held_s: float = 3.0  # computed-but-unsent audio per stream before generation waits
     idle_s: float = 5.0  # a stream with no text or audio for this long stops counting as load
     talk_idle_s: float = 1.0  # a stream with nothing to do for this long stops counting as talking
+    cost_window_s: float = 10.0  # the measured cost per audio second is over this much recent work
+    cost_min_audio_s: float = 2.0  # ... once it holds at least this much audio
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
 
 
@@ -432,6 +434,7 @@ class Scheduler(StreamScheduler):
         self.cost_per_audio_s = 0.15
         # EMA of worker seconds a stream's start-up (front part + first window) takes.
         self.startup_cost_s = 0.05
+        self._costs: deque[tuple[float, float, float]] = deque(maxlen=4096)  # (t, worker s, audio s)
 
     # ------------------------------------------------------------ admission
     def refusal(self, now: float) -> Overloaded | None:
@@ -691,7 +694,19 @@ class Scheduler(StreamScheduler):
             self._maybe_done(s)
         if startups and result.seconds > 0 and len(batch.windows) == startups:
             self.startup_cost_s += 0.2 * (result.seconds / startups - self.startup_cost_s)
-        if audio_s > 0 and result.seconds > 0:
-            # Only steady-state cost matters for capacity: weigh bigger batches more.
-            alpha = min(0.3, audio_s / 5.0)
-            self.cost_per_audio_s += alpha * (result.seconds / audio_s - self.cost_per_audio_s)
+        if audio_s > 0 or result.seconds > 0:
+            self._learn_cost(now, result.seconds, audio_s)
+
+    def _learn_cost(self, now: float, seconds: float, audio_s: float) -> None:
+        """Worker seconds per audio second over the last ``cost_window_s``: a ratio of sums.
+
+        (A per-batch moving average swung between 0.04 and 0.10 under load - a start-up batch
+        charges a whole segment's front part to 0.63 s of audio, a steady window costs a third
+        of that - and each high swing refused streams the worker had room for.)"""
+        costs = self._costs
+        costs.append((now, seconds, audio_s))
+        while costs and now - costs[0][0] > self.opt.cost_window_s:
+            costs.popleft()
+        total_audio = sum(a for _, _, a in costs)
+        if total_audio >= self.opt.cost_min_audio_s:
+            self.cost_per_audio_s = sum(sec for _, sec, _ in costs) / total_audio
