@@ -105,7 +105,7 @@ async def probe_big_message(engine) -> None:
         )
 
 
-async def probe_non_reader(engine, pings: int = 20_000) -> None:
+async def probe_non_reader(engine, pings: int = 40_000) -> None:
     async with running_server(engine) as srv:
         peer = await asyncio.to_thread(NonReadingPeer, srv.ws_url)  # blocking socket: off the server's loop
         ping = P.ping("x" * 200)
@@ -117,22 +117,27 @@ async def probe_non_reader(engine, pings: int = 20_000) -> None:
                     return i
             return pings
 
+        flooding = asyncio.ensure_future(asyncio.wait_for(asyncio.to_thread(flood), 60))
+        peak_msgs = peak_bytes = 0
+        while not flooding.done():  # the server's outbox for this peer, sampled every 10 ms
+            conns = list(srv.server._connections)
+            peak_msgs = max(peak_msgs, sum(len(c._outbox) for c in conns))
+            peak_bytes = max(peak_bytes, sum(len(m) for c in conns for _, m in c._outbox))
+            await asyncio.sleep(0.01)
         try:
-            sent = await asyncio.wait_for(asyncio.to_thread(flood), 60)
+            sent = flooding.result()
         except TimeoutError:
             sent = -1  # the server stopped reading: our sends block
         await asyncio.sleep(1.0)
         conns = list(srv.server._connections)
-        queued = sum(len(c._outbox) for c in conns)
-        queued_bytes = sum(len(m) for c in conns for _, m in c._outbox)
         code = await asyncio.to_thread(peer.read_close_code)
         peer.close()
         report(
             "never-reading-peer",
             pings_sent=sent,
             seconds=round(time.monotonic() - t0, 1),
-            server_outbox_messages=queued,
-            server_outbox_kb=queued_bytes // 1024,
+            peak_outbox_messages=peak_msgs,
+            peak_outbox_kb=peak_bytes // 1024,
             connection_still_open=bool(conns),
             close_code=code,
         )
@@ -255,7 +260,11 @@ async def probe_sigterm() -> None:
                         seen.append(json.loads(msg.data).get("code") or json.loads(msg.data)["type"])
             ws_closed_at = time.monotonic() - t_sig
             http_outcome = await http_task
-            await asyncio.wait_for(proc.wait(), 70)
+            try:
+                await asyncio.wait_for(proc.wait(), max(1.0, 120 - (time.monotonic() - t_sig)))
+                exited = round(time.monotonic() - t_sig, 1)
+            except TimeoutError:
+                exited = "still running after 120 s"
             report(
                 "sigterm",
                 readyz_after_signal=ready_after,
@@ -263,7 +272,7 @@ async def probe_sigterm() -> None:
                 ws_close_code=ws.close_code,
                 ws_closed_after_s=round(ws_closed_at, 2),
                 http=http_outcome,
-                exit_after_s=round(time.monotonic() - t_sig, 1),
+                exit_after_s=exited,
             )
     finally:
         if proc.returncode is None:
