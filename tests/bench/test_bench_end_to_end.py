@@ -63,6 +63,8 @@ async def test_load_level_against_streamvox(live_servers) -> None:
     assert len(level["ttfb_samples_ms"]) == level["turns"]
     assert level["gap_ms_p95"] is not None and level["rtf"] > 0
     assert level["cpu_pct"] is not None  # read from the server's /metrics
+    assert level["cpu_s_per_audio_s"] > 0
+    assert isinstance(level["capacity_streams"], (int, float)) and level["capacity_streams"] >= 1  # its /readyz
 
 
 def test_cli_load_with_baseline_writes_json_and_plots(live_servers, tmp_path, capsys) -> None:

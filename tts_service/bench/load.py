@@ -22,7 +22,7 @@ import aiohttp
 
 from . import texts
 from .player import Arrival, PlayerResult, simulate
-from .servers import cpu_seconds, http_base
+from .servers import capacity_streams, cpu_seconds, http_base
 from .stats import gaps, percentile, rnd
 from .wire import Conn, Ctx, WireError
 
@@ -123,7 +123,9 @@ def _record(stats: AgentStats, ctx: Ctx, opts: LoadOptions) -> PlayerResult:
     return played
 
 
-def summarize_level(streams: int, agents: Sequence[AgentStats], wall_s: float, cpu_s: float | None) -> dict:
+def summarize_level(
+    streams: int, agents: Sequence[AgentStats], wall_s: float, cpu_s: float | None, capacity: Sequence[int] = ()
+) -> dict:
     """One level's figures (stable JSON names) from its agents' stats."""
     ttfb = [1000 * t for a in agents for t in a.ttfb_s]
     gap = [1000 * g for a in agents for g in a.gaps_s]
@@ -157,6 +159,10 @@ def summarize_level(streams: int, agents: Sequence[AgentStats], wall_s: float, c
         "wall_s": rnd(wall_s, 2),
         "rtf": rnd(audio / wall_s if wall_s > 0 else None, 3),
         "cpu_pct": rnd(None if cpu_s is None else 100 * cpu_s / wall_s),
+        # server CPU seconds per second of audio delivered: what a whole render is compared on
+        "cpu_s_per_audio_s": rnd(None if cpu_s is None or audio <= 0 else cpu_s / audio, 4),
+        # /readyz capacity_streams sampled each second of the level (median; None: no /readyz)
+        "capacity_streams": percentile(list(capacity), 50) if capacity else None,
         "ttfb_samples_ms": [rnd(x) for x in sorted(ttfb)],
     }
     level["healthy"] = healthy(level)
@@ -197,16 +203,23 @@ async def run_level(url: str, streams: int, opts: LoadOptions, progress: Progres
         tasks = [
             asyncio.create_task(_agent(i, url, session, i * stagger / streams, deadline, opts)) for i in range(streams)
         ]
+        capacity: list[int] = []
+        sampled = t0
         while not all(t.done() for t in tasks):
             elapsed = time.perf_counter() - t0
             phase = "talking" if elapsed < stagger + opts.seconds else "finishing turns"
             progress(f"{streams} streams: {elapsed:4.0f} s, {phase}")
+            if time.perf_counter() - sampled >= 1.0:
+                sampled = time.perf_counter()
+                value = await asyncio.to_thread(capacity_streams, base)
+                if value is not None:
+                    capacity.append(value)
             await asyncio.wait(tasks, timeout=0.5)
         agents = [t.result() for t in tasks]
     wall = time.perf_counter() - t0
     cpu1 = await asyncio.to_thread(cpu_seconds, base)
     cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-    return summarize_level(streams, agents, wall, cpu)
+    return summarize_level(streams, agents, wall, cpu, capacity)
 
 
 async def run_load(url: str, opts: LoadOptions, progress: Progress) -> dict:

@@ -294,9 +294,16 @@ def markdown_conformance(doc: dict) -> str:
     return _md_table(header, rows)
 
 
+def _opt(level: dict, key: str, spec: str) -> str:
+    """A figure older JSON files do not have, or a server does not report: '-'."""
+    value = level.get(key)
+    return "-" if value is None else spec.format(value)
+
+
 def markdown_load(doc: dict) -> str:
     header = ["server", "streams", "turns", "refused", "TTFB p50", "TTFB p95", "TTFB p99", "gap p95",
-              "underruns / stream", "underrun ms / stream", "RTF", "server CPU", "healthy"]  # fmt: skip
+              "underruns / stream", "underrun ms / stream", "RTF", "server CPU", "CPU s / audio s", "/readyz capacity",
+              "healthy"]  # fmt: skip
     rows = []
     for label, part in (("streamvox", doc), ("baseline", doc.get("baseline"))):
         for lv in (part or {}).get("levels", []):
@@ -304,7 +311,8 @@ def markdown_load(doc: dict) -> str:
                 [label, str(lv["streams"]), str(lv["turns"]), _refused(lv), fmt(lv["ttfb_ms_p50"], "ms"),
                  fmt(lv["ttfb_ms_p95"], "ms"), fmt(lv["ttfb_ms_p99"], "ms"), fmt(lv["gap_ms_p95"], "ms"),
                  f"{lv['underruns']:.2f}", fmt(lv["underrun_ms"], "ms"), fmt(lv["rtf"], "x"),
-                 "-" if lv["cpu_pct"] is None else f"{lv['cpu_pct']:.0f} %", "yes" if lv["healthy"] else "no"]
+                 "-" if lv["cpu_pct"] is None else f"{lv['cpu_pct']:.0f} %", _opt(lv, "cpu_s_per_audio_s", "{:.3f}"),
+                 _opt(lv, "capacity_streams", "{:.0f}"), "yes" if lv["healthy"] else "no"]
             )  # fmt: skip
     out = _md_table(header, rows)
     out += f"\n\n`max_healthy_streams`: streamvox **{doc['max_healthy_streams']}**"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +83,22 @@ def cpu_seconds(base: str) -> float | None:
             return parse_cpu_seconds(resp.read().decode("utf-8", "replace"))
     except OSError:
         return None
+
+
+def capacity_streams(base: str) -> int | None:
+    """What the server's ``/readyz`` says it can hold (None for a server without one)."""
+    try:
+        with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503 while refusing: the body still says
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
+    value = body.get("capacity_streams") if isinstance(body, dict) else None
+    return value if isinstance(value, int) else None
 
 
 def machine() -> dict[str, object]:
