@@ -85,6 +85,7 @@ class Connection:
         self._queued_frames = 0
         self._wake = asyncio.Event()
         self._closed = False
+        self._closing: asyncio.Task | None = None  # the close handshake started by abort()
         self.close_reason: str | None = None
 
     # -- outbox
@@ -203,6 +204,8 @@ class Connection:
 
     # -- client messages
     def handle(self, raw: str) -> None:
+        if self._closed:  # aborted (or closing): what is still in the read buffer is moot
+            return
         msg = None
         try:
             msg = P.parse_client_message(raw, self.limits)

@@ -402,8 +402,9 @@ async def test_http_info_endpoints(live: RunningServer) -> None:
             ready = await resp.json()
             assert resp.status == 200, ready
         assert ready["ready"] is True and ready["voices"] == [voices["default"]]
-        for key in ("active_streams", "load", "capacity_streams", "real_time_factor"):
+        for key in ("active_streams", "busy_streams", "load", "capacity_streams", "real_time_factor"):
             assert isinstance(ready[key], int | float), key
+        assert 0.0 <= ready["load"] <= 1.0 and ready["draining"] is False
 
 
 async def test_metrics_after_traffic(live: RunningServer) -> None:
