@@ -59,10 +59,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from loguru import logger
 from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.processors.frame_processor import FrameProcessorSetup
@@ -71,7 +72,19 @@ from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSServic
 from websockets.protocol import State
 
 from tts_service import protocol as P
-from tts_service.protocol import MsgType
+from tts_service.client import Replica, ReplicaSet
+from tts_service.session import (
+    Acked,
+    ClientSession,
+    Done,
+    Draining,
+    Failed,
+    SessionContext,
+    Started,
+    Unknown,
+    Words,
+    check_ready,
+)
 
 __all__ = ["StreamvoxStats", "StreamvoxTTSService"]
 
@@ -91,6 +104,8 @@ class StreamvoxStats:
     frames_dropped_server: int = 0  # frames the server computed but never sent (from the acks)
     cancel_ack_latency_s: list[float] = field(default_factory=list)
     max_lag_s: float = 0.0  # worst delivery lag behind a real-time player (playout gaps), any context
+    drains: int = 0  # connections replaced between turns because their replica drained
+    contexts_lost: int = 0  # contexts cut by a lost connection (ended with an error, never replayed)
 
     @property
     def reconnects(self) -> int:
@@ -99,22 +114,18 @@ class StreamvoxStats:
 
 @dataclass(eq=False)
 class _Context:
-    """One protocol context on the current connection."""
+    """Pipecat's side of one protocol context: word timing against the audio delivered."""
 
-    context_id: str
-    stream: int | None = None  # the server's tag on binary frames, from ``started``
-    sample_rate: int = 0
-    ended: bool = False  # ``end`` sent
-    finished: bool = False  # ``done`` / ``cancelled`` / final ``error`` received
-    cancelled: bool = False  # gated: nothing of it goes downstream any more
-    frames: int = 0
-    dropped: int = 0
-    # Word timing against the audio actually delivered (see _time_words).
+    s: SessionContext  # the protocol state (tts_service.session)
     words: deque[tuple[str, float]] = field(default_factory=deque)  # (word, start s) not yet due
     audio_s: float = 0.0  # audio received so far
     play_end: float = 0.0  # when a real-time player started at the first frame finishes it
     first_at: float | None = None
     lag_s: float = 0.0  # how far delivery has fallen behind that player (underruns), never shrinks
+
+    @property
+    def context_id(self) -> str:
+        return self.s.context_id
 
 
 class StreamvoxTTSService(WebsocketTTSService):
@@ -123,7 +134,7 @@ class StreamvoxTTSService(WebsocketTTSService):
     def __init__(
         self,
         *,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         api_key: str | None = None,
         voice: str | None = None,
         sample_rate: int | None = None,
@@ -132,13 +143,16 @@ class StreamvoxTTSService(WebsocketTTSService):
         connect_timeout_s: float = 5.0,
         reconnect_backoff_min_s: float = 0.2,
         reconnect_backoff_max_s: float = 5.0,
+        discover: bool = False,
+        resolver=None,
         settings: TTSSettings | None = None,
         **kwargs: Any,
     ) -> None:
         """Create the service; it connects when the pipeline starts.
 
         Args:
-            url: the server's WebSocket endpoint (``ws://host:port/v1/stream``).
+            url: the server's WebSocket endpoint (``ws://host:port/v1/stream``), or a list of
+                replicas' endpoints; each connection goes to the less loaded of two (``/readyz``).
             api_key: sent as ``Authorization: Bearer`` when the server requires one.
             voice: voice name (default: the server's default voice); runtime-updatable through
                 ``TTSUpdateSettingsFrame(delta=TTSSettings(voice=...))``, applied from the next
@@ -149,7 +163,10 @@ class StreamvoxTTSService(WebsocketTTSService):
             cancel_ack_timeout_s: how long a cancel may go unacknowledged before the connection
                 is replaced.
             connect_timeout_s: bound on the handshake plus the server's ``ready``.
-            reconnect_backoff_min_s, reconnect_backoff_max_s: backoff between failed reconnects.
+            reconnect_backoff_min_s, reconnect_backoff_max_s: backoff between failed reconnects
+                (and a failed replica's back-off).
+            discover: ``url``'s host name has one address per replica (a headless Service).
+            resolver: ``async (host, port) -> [address, ...]`` instead of the system resolver.
             settings: Pipecat TTS settings (``voice`` is used; ``model``/``language`` are not).
             **kwargs: passed to ``WebsocketTTSService`` / ``TTSService``.
         """
@@ -165,7 +182,14 @@ class StreamvoxTTSService(WebsocketTTSService):
             settings=base,
             **kwargs,
         )
-        self._url = url
+        self._replicas = ReplicaSet(
+            url,
+            discover=discover,
+            resolver=resolver,
+            backoff_s=reconnect_backoff_min_s,
+            max_backoff_s=reconnect_backoff_max_s,
+        )
+        self._url = url if isinstance(url, str) else self._replicas.label  # for messages
         self._api_key = api_key
         self._pace = pace
         self._cancel_ack_timeout_s = cancel_ack_timeout_s
@@ -176,8 +200,9 @@ class StreamvoxTTSService(WebsocketTTSService):
         self.stats = StreamvoxStats()
         self.server_info: dict[str, Any] = {}
         self._request_rate: int | None = None
-        self._contexts: dict[str, _Context] = {}
-        self._by_stream: dict[int, _Context] = {}
+        self._session = ClientSession()  # the protocol state of the current connection
+        self._replica: Replica | None = None  # where the current connection goes
+        self._http: aiohttp.ClientSession | None = None  # /readyz probes (several replicas only)
         self._acks: dict[str, asyncio.Future] = {}
         self._ack_tasks: set[asyncio.Task] = set()
         self._receive_task: asyncio.Task | None = None
@@ -200,7 +225,7 @@ class StreamvoxTTSService(WebsocketTTSService):
     async def _connect(self) -> None:
         await super()._connect()
         await self._connect_websocket()
-        if self._websocket and not self._receive_task:
+        if self._websocket and (self._receive_task is None or self._receive_task.done()):
             self._receive_task = self.create_task(self._receive_task_handler(self._report_error), "streamvox-recv")
 
     async def _disconnect(self) -> None:
@@ -212,38 +237,58 @@ class StreamvoxTTSService(WebsocketTTSService):
             await self.cancel_task(self._receive_task)
             self._receive_task = None
         await self._disconnect_websocket()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def _dial(self) -> tuple[Any, dict[str, Any], Replica]:
+        """Open a socket on the best replica that answers (``ready`` checked)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession()
+        order = await self._replicas.choose(self._http)
+        if not order:  # every replica is backed off: the one that comes back first
+            order = sorted(self._replicas.replicas, key=lambda r: r.down_until)[:1]
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        last: Exception | None = None
+        for replica in order:
+            ws = None
+            try:
+                ws = await self._websocket_connect(
+                    replica.url, additional_headers=headers, open_timeout=self._connect_timeout_s
+                )
+                info = check_ready(await asyncio.wait_for(ws.recv(), self._connect_timeout_s))
+            except Exception as exc:
+                if ws is not None:
+                    await ws.close()
+                last = exc
+                self._replicas.mark_failed(replica, str(exc))
+                continue
+            self._replicas.mark_ok(replica)
+            return ws, info, replica
+        raise last or ConnectionError("no replica to connect to")
 
     async def _connect_websocket(self) -> None:
-        if self._websocket is not None and self._websocket.state is State.OPEN:
+        ws = self._open_socket()
+        if ws is not None and not self._session.draining:
             return
         try:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            ws = await self._websocket_connect(
-                self._url, additional_headers=headers, open_timeout=self._connect_timeout_s
-            )
-            try:
-                raw = await asyncio.wait_for(ws.recv(), self._connect_timeout_s)
-                info = P.parse_server_message(raw) if isinstance(raw, str) else {}
-                if info.get("type") != MsgType.READY or info.get("protocol") != P.PROTOCOL_VERSION:
-                    raise ConnectionError(f"server at {self._url} speaks an unexpected protocol: {info}")
-            except BaseException:
-                await ws.close()
-                raise
+            ws, info, replica = await self._dial()
         except Exception as exc:
             self._connect_failures += 1
             backoff = self._reconnect_backoff_min_wait * 2 ** (self._connect_failures - 1)
             self._next_connect_at = time.monotonic() + min(self._reconnect_backoff_max_wait, backoff)
             # No secrets in the message: the URL carries none (the key travels in a header).
             await self.push_error(error_msg=f"cannot connect to streamvox at {self._url}: {exc}", exception=exc)
-            self._websocket = None
+            if self._open_socket() is None:
+                self._websocket = None
             await self._call_event_handler("on_connection_error", f"{exc}")
             return
-        self._reset_connection_state("connection replaced")
+        await self._end_lost_contexts(self._new_session(info), "connection replaced")
         self._connect_failures = 0
-        self._websocket = ws
+        self._websocket, self._replica = ws, replica
         self.server_info = info
         self.stats.connections += 1
-        logger.debug(f"{self} connected to {self._url} (connection {self.stats.connections})")
+        logger.debug(f"{self} connected to {replica.url} (connection {self.stats.connections})")
         await self._call_event_handler("on_connected")
 
     async def _disconnect_websocket(self) -> None:
@@ -255,18 +300,43 @@ class StreamvoxTTSService(WebsocketTTSService):
         except Exception as exc:
             logger.warning(f"{self} error closing the connection: {exc}")
         finally:
-            self._reset_connection_state("connection closed")
+            await self._end_lost_contexts(self._new_session({}), "connection closed")
             await self._call_event_handler("on_disconnected")
 
-    def _reset_connection_state(self, reason: str) -> None:
-        """Contexts and stream numbers belong to one connection; a new one starts empty."""
-        self._contexts.clear()
-        self._by_stream.clear()
+    def _new_session(self, info: dict[str, Any]) -> list[SessionContext]:
+        """Contexts, stream numbers and acks belong to one connection: start a new session;
+        return the contexts the old one still had open."""
+        lost = self._session.lose()
+        self._session = ClientSession(info)
         for fut in self._acks.values():
             if not fut.done():
-                fut.set_exception(ConnectionError(reason))
+                fut.set_exception(ConnectionError("connection replaced"))
                 fut.exception()  # retrieved: a tracker may already have given up on it
         self._acks.clear()
+        return lost
+
+    async def _end_lost_contexts(self, lost: list[SessionContext], reason: str) -> None:
+        """A context cut by a lost connection ends with an error; its audio is never replayed."""
+        for s in lost:
+            if s.gated or self._disconnecting or not self.audio_context_available(s.context_id):
+                continue
+            self.stats.contexts_lost += 1
+            await self.push_error(
+                error_msg=f"{self}: streamvox connection lost mid-turn ({reason}); context {s.context_id} ended,"
+                " its audio is not replayed"
+            )
+            await self.cancel_ttfb_metrics()
+            await self.append_to_audio_context(s.context_id, TTSStoppedFrame(context_id=s.context_id))
+            await self.remove_audio_context(s.context_id)
+
+    async def _switch_replica(self, why: str) -> None:
+        """Between turns: replace the connection (its replica drains) by one on another replica."""
+        old = self._websocket
+        self.stats.drains += 1
+        logger.info(f"{self} {why}: moving to another replica between turns")
+        await self._connect_websocket()
+        if old is not None and self._websocket is not old:
+            await old.close()
 
     def _open_socket(self):
         ws = self._websocket
@@ -276,6 +346,9 @@ class StreamvoxTTSService(WebsocketTTSService):
 
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
         """Send one token (or sentence) of ``context_id``; its audio arrives on the receive task."""
+        s = self._session.get(context_id)
+        if s is None and self._session.draining and not self._session.open_contexts:
+            await self._switch_replica("the replica is draining")  # a new turn: never mid-context
         ws = self._open_socket()
         if ws is None and time.monotonic() >= self._next_connect_at:
             await self._connect()
@@ -285,25 +358,27 @@ class StreamvoxTTSService(WebsocketTTSService):
                 self._unspoken_context = context_id
                 yield ErrorFrame(error=f"{self}: not connected to {self._url}; text not spoken")
             return
-        ctx = self._contexts.get(context_id)
+        s = self._session.get(context_id)
         try:
-            if ctx is None:
-                # Registered before the send, so an interruption racing it still cancels it.
-                ctx = self._contexts[context_id] = _Context(context_id)
-                self.stats.contexts += 1
+            if s is None:
+                if self._session.was_finished(context_id):
+                    return  # late tokens of a finished (or cancelled) turn: never spoken again
                 voice = self._settings.voice
-                await ws.send(
-                    P.start(
-                        context_id,
-                        voice=voice if isinstance(voice, str) and voice else None,
-                        sample_rate=self._request_rate,
-                        encoding=P.PCM_S16LE,
-                        pace=self._pace,
-                        text=text,
-                    )
+                # Registered before the send, so an interruption racing it still cancels it.
+                s, message = self._session.start(
+                    context_id,
+                    voice=voice if isinstance(voice, str) and voice else None,
+                    sample_rate=self._request_rate,
+                    encoding=P.PCM_S16LE,
+                    pace=self._pace,
+                    text=text,
                 )
-            elif not ctx.ended and not ctx.cancelled:
-                await ws.send(P.text(context_id, text))
+                s.owner = _Context(s)
+                self.stats.contexts += 1
+            else:
+                message = self._session.text(s, text)
+            if message is not None:
+                await ws.send(message)
             await self.start_tts_usage_metrics(text)
         except Exception as exc:
             # The receive loop sees the broken socket and reconnects; this text is lost.
@@ -313,13 +388,13 @@ class StreamvoxTTSService(WebsocketTTSService):
 
     async def flush_audio(self, context_id: str | None = None) -> None:
         """End of the turn: no more text for this context; ``done`` follows its last frame."""
-        ctx = self._contexts.get(context_id or self.get_active_audio_context_id() or "")
+        s = self._session.get(context_id or self.get_active_audio_context_id() or "")
         ws = self._open_socket()
-        if ctx is None or ctx.ended or ctx.cancelled or ws is None:
+        message = self._session.end(s) if s is not None and ws is not None else None
+        if message is None:
             return
-        ctx.ended = True
         try:
-            await ws.send(P.end(ctx.context_id))
+            await ws.send(message)
         except Exception as exc:
             logger.warning(f"{self} sending 'end' failed: {exc}")
 
@@ -332,85 +407,86 @@ class StreamvoxTTSService(WebsocketTTSService):
         waits on the network: the flush of what is already queued for playback is not delayed.
         """
         await self.cancel_ttfb_metrics()  # an interrupted context's TTFB is not a TTFB
-        ctx = self._contexts.get(context_id)
-        if ctx is not None and not ctx.cancelled:
-            ctx.cancelled = True
-            if ctx.finished:
-                self._forget(ctx)
-            else:
+        s = self._session.get(context_id)
+        if s is not None:
+            message = self._session.cancel(s)  # gates it; None when a cancel is already on its way
+            if message is not None:
                 self.stats.cancels += 1
-                task = self.create_task(self._cancel_and_track(ctx), f"streamvox-cancel-{context_id}")
+                task = self.create_task(self._cancel_and_track(s, message), f"streamvox-cancel-{context_id}")
                 self._ack_tasks.add(task)
                 task.add_done_callback(self._ack_tasks.discard)
         await super().on_audio_context_interrupted(context_id)
 
-    async def _cancel_and_track(self, ctx: _Context) -> None:
+    async def _cancel_and_track(self, s: SessionContext, message: str) -> None:
         ws = self._open_socket()
         if ws is None:
             return  # the connection is gone, and with it the context
         t0 = time.monotonic()
-        fut = self._acks[ctx.context_id] = asyncio.get_running_loop().create_future()
+        fut = self._acks[s.context_id] = asyncio.get_running_loop().create_future()
         try:
-            await ws.send(P.cancel(ctx.context_id))
-            ack = await asyncio.wait_for(fut, self._cancel_ack_timeout_s)
+            await ws.send(message)
+            ack: Acked = await asyncio.wait_for(fut, self._cancel_ack_timeout_s)
         except TimeoutError:
             self.stats.cancel_ack_timeouts += 1
             logger.warning(
-                f"{self} cancel of {ctx.context_id} not acknowledged within {self._cancel_ack_timeout_s:.1f} s:"
+                f"{self} cancel of {s.context_id} not acknowledged within {self._cancel_ack_timeout_s:.1f} s:"
                 " replacing the connection"
             )
-            self._acks.pop(ctx.context_id, None)
+            self._acks.pop(s.context_id, None)
             if self._websocket is ws:
                 # Abort rather than close: a peer that ignores a cancel may ignore a close too.
                 # The receive loop then ends with an error and WebsocketService reconnects.
                 ws.transport.abort()
             return
         except Exception as exc:  # send failed or the connection was replaced meanwhile
-            logger.debug(f"{self} cancel of {ctx.context_id} not tracked: {exc}")
+            logger.debug(f"{self} cancel of {s.context_id} not tracked: {exc}")
             return
         latency = time.monotonic() - t0
         self.stats.cancel_acks += 1
         self.stats.cancel_ack_latency_s.append(latency)
-        self.stats.frames_dropped_server += int(ack.get("frames_dropped", 0))
+        self.stats.frames_dropped_server += ack.frames_dropped
         logger.debug(
-            f"{self} cancel of {ctx.context_id} acknowledged in {1000 * latency:.1f} ms "
-            f"({ack.get('frames_dropped', 0)} frames never sent, {ctx.dropped} dropped here)"
+            f"{self} cancel of {s.context_id} acknowledged in {1000 * latency:.1f} ms "
+            f"({ack.frames_dropped} frames never sent, {s.dropped} dropped here)"
         )
-
-    def _forget(self, ctx: _Context) -> None:
-        ctx.finished = True
-        if self._contexts.get(ctx.context_id) is ctx:
-            del self._contexts[ctx.context_id]
-        if ctx.stream is not None and self._by_stream.get(ctx.stream) is ctx:
-            del self._by_stream[ctx.stream]
 
     # ------------------------------------------------------------------ audio and events out
 
     async def _receive_messages(self) -> None:
-        ws = self._websocket
-        if ws is None:
-            raise ConnectionError(f"{self} not connected")
-        async for message in ws:
-            if isinstance(message, bytes):
-                await self._on_audio(message)
-            else:
-                await self._on_message(P.parse_server_message(message))
+        """Read the current connection; when it is replaced between turns, read the new one."""
+        while True:
+            ws = self._websocket
+            if ws is None:
+                raise ConnectionError(f"{self} not connected")
+            async for message in ws:
+                if isinstance(message, bytes):
+                    await self._on_audio(message)
+                else:
+                    await self._on_message(P.parse_server_message(message))
+                if self._websocket is not ws:
+                    break  # replaced (the replica drains): go on with the new connection
+            if self._websocket is not ws and self._open_socket() is not None:
+                continue
+            if self._session.draining and not self._disconnecting:
+                # The draining server closed the socket (its drain deadline): what was still
+                # live got its error; place the next connection ourselves, on another replica.
+                await self._switch_replica("the draining replica closed the connection")
+                if self._websocket is not ws and self._open_socket() is not None:
+                    continue
+            return  # closed: WebsocketService's reconnect takes over
 
     async def _on_audio(self, data: bytes) -> None:
-        stream, _seq, pcm = P.unpack_frame(data)
-        ctx = self._by_stream.get(stream)
-        if ctx is None or ctx.cancelled:
+        ev = self._session.receive_audio(data)
+        if ev.stale or ev.ctx is None:
             # Late frames of a cancelled context (or of one the server knows and we do not).
             self.stats.frames_dropped += 1
-            if ctx is not None:
-                ctx.dropped += 1
             return
-        await self._time_words(ctx, len(pcm) / 2 / ctx.sample_rate)
-        if ctx.sample_rate != self.sample_rate:
-            pcm = await self._resampler.resample(pcm, ctx.sample_rate, self.sample_rate)
-        ctx.frames += 1
-        frame = TTSAudioRawFrame(audio=pcm, sample_rate=self.sample_rate, num_channels=1, context_id=ctx.context_id)
-        await self.append_to_audio_context(ctx.context_id, frame)
+        s, pcm = ev.ctx, ev.payload
+        await self._time_words(s.owner, len(pcm) / 2 / s.sample_rate)
+        if s.sample_rate != self.sample_rate:
+            pcm = await self._resampler.resample(pcm, s.sample_rate, self.sample_rate)
+        frame = TTSAudioRawFrame(audio=pcm, sample_rate=self.sample_rate, num_channels=1, context_id=s.context_id)
+        await self.append_to_audio_context(s.context_id, frame)
 
     async def _time_words(self, ctx: _Context, frame_s: float | None) -> None:
         """Queue the words that start in the frame about to be queued, timed as it will play.
@@ -443,55 +519,52 @@ class StreamvoxTTSService(WebsocketTTSService):
             await self.add_word_timestamps(due, ctx.context_id)
 
     async def _on_message(self, msg: dict[str, Any]) -> None:
-        mtype = msg["type"]
-        ctx_id = msg.get("context_id") or ""
-        ctx = self._contexts.get(ctx_id)
-        if mtype == MsgType.STARTED:
-            if ctx is None:
-                return
-            ctx.stream = int(msg["stream"])
-            ctx.sample_rate = int(msg["sample_rate"])
-            self._by_stream[ctx.stream] = ctx
-            if msg.get("encoding") != P.PCM_S16LE:  # a server bug: we never ask for anything else
-                ctx.cancelled = True
-                await self.push_error(error_msg=f"{self}: server sent {msg.get('encoding')!r}, not pcm_s16le")
-        elif mtype == MsgType.WORDS:
-            if ctx is not None and not ctx.cancelled:
-                ctx.words.extend((w["word"], float(w["start"])) for w in msg.get("words", []))
-        elif mtype == MsgType.DONE:
-            if ctx is None:
-                return
-            self._forget(ctx)
-            if not ctx.cancelled and self.audio_context_available(ctx_id):
-                await self._time_words(ctx, None)
-                await self.append_to_audio_context(ctx_id, TTSStoppedFrame(context_id=ctx_id))
-                await self.remove_audio_context(ctx_id)
-        elif mtype == MsgType.CANCELLED:
-            fut = self._acks.pop(ctx_id, None)
+        ev = self._session.receive_message(msg)
+        if isinstance(ev, Started):
+            if ev.ctx.encoding != P.PCM_S16LE:  # a server bug: we never ask for anything else
+                self._session.gate(ev.ctx)
+                await self.push_error(error_msg=f"{self}: server sent {ev.ctx.encoding!r}, not pcm_s16le")
+        elif isinstance(ev, Words):
+            if not ev.ctx.gated:
+                ev.ctx.owner.words.extend((w.word, w.start) for w in ev.words)
+        elif isinstance(ev, Done):
+            s = ev.ctx
+            if not s.gated and self.audio_context_available(s.context_id):
+                await self._time_words(s.owner, None)
+                await self.append_to_audio_context(s.context_id, TTSStoppedFrame(context_id=s.context_id))
+                await self.remove_audio_context(s.context_id)
+            await self._after_finish()
+        elif isinstance(ev, Acked):
+            fut = self._acks.pop(ev.context_id, None)
             if fut is not None and not fut.done():
-                fut.set_result(msg)
-            if ctx is not None:
-                self._forget(ctx)
-        elif mtype == MsgType.ERROR:
-            await self._on_error(msg, ctx)
-        elif mtype in (MsgType.PONG, MsgType.READY):
-            pass
-        else:
-            logger.warning(f"{self} unknown server message type {mtype!r}: {str(msg)[:200]}")
+                fut.set_result(ev)
+            await self._after_finish()
+        elif isinstance(ev, Failed):
+            await self._on_error(ev)
+            await self._after_finish()
+        elif isinstance(ev, Draining):
+            if self._replica is not None:
+                self._replicas.mark_failed(self._replica, "draining", retry_after_s=self._reconnect_backoff_max_wait)
+            await self._after_finish()
+        elif isinstance(ev, Unknown) and ev.msg.get("type") != P.MsgType.READY:
+            logger.warning(f"{self} unknown server message type {ev.msg.get('type')!r}: {str(ev.msg)[:200]}")
 
-    async def _on_error(self, msg: dict[str, Any], ctx: _Context | None) -> None:
-        text = f"streamvox {msg.get('code', 'error')}: {msg.get('message', '')}"
-        if "retry_after_ms" in msg:
-            text += f" (retry after {msg['retry_after_ms']} ms)"
-        if ctx is None:
+    async def _after_finish(self) -> None:
+        """A draining connection is replaced as soon as its last context has finished."""
+        if self._session.draining and not self._session.open_contexts and not self._disconnecting:
+            await self._switch_replica("the replica is draining")
+
+    async def _on_error(self, ev: Failed) -> None:
+        text = f"streamvox {ev.code}: {ev.message}"
+        if ev.retry_after_ms is not None:
+            text += f" (retry after {ev.retry_after_ms} ms)"
+        s = ev.ctx
+        if s is None:
             await self.push_error(error_msg=text)
             return
-        ended = msg.get("context_ended", True)
-        if not ctx.cancelled:
-            await self.push_error(error_msg=f"{text} [context {ctx.context_id}]")
-        if ended:
-            self._forget(ctx)
-            if not ctx.cancelled and self.audio_context_available(ctx.context_id):
-                await self.cancel_ttfb_metrics()
-                await self.append_to_audio_context(ctx.context_id, TTSStoppedFrame(context_id=ctx.context_id))
-                await self.remove_audio_context(ctx.context_id)
+        if not s.gated:
+            await self.push_error(error_msg=f"{text} [context {s.context_id}]")
+        if ev.ended and not s.gated and self.audio_context_available(s.context_id):
+            await self.cancel_ttfb_metrics()
+            await self.append_to_audio_context(s.context_id, TTSStoppedFrame(context_id=s.context_id))
+            await self.remove_audio_context(s.context_id)

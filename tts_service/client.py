@@ -1,4 +1,4 @@
-"""Async client for protocol v1: one persistent WebSocket, many contexts, acknowledged cancel.
+"""Async client for protocol v1: persistent WebSockets, many contexts, acknowledged cancel, replicas.
 
 Example::
 
@@ -10,12 +10,25 @@ Example::
             if isinstance(item, AudioFrame):
                 play(item.pcm)
 
+    # several replicas: a list, or one DNS name with an address per replica (headless Service)
+    TTSClient(["ws://tts-1:8765/v1/stream", "ws://tts-2:8765/v1/stream"])
+    TTSClient("ws://streamvox-replicas:8765/v1/stream", discover=True)
+
 Why it looks like this: a voice agent talks in many short turns and is interrupted often.
 Reconnecting per turn costs a handshake on the next turn's first byte, so the socket is kept
 across contexts and cancels. Frames are routed by the server's per-context ``stream`` number;
 any frame whose stream is not live (cancelled, finished, unknown) is dropped and counted, so a
 late frame can never play after a barge-in. A cancel resolves when the server's ack arrives;
 a missing ack means the connection cannot be trusted, so it is dropped and re-established.
+The protocol state itself lives in :mod:`tts_service.session` (shared with the plug-ins and the
+bench); this module is the asyncio driver around it.
+
+Replicas (:mod:`tts_service.replicas`): a new connection goes to the less loaded of two random
+replicas. A context refused with ``overloaded`` or ``draining`` (nothing was spoken) is opened
+again on another replica at once. A connection whose server announces its drain takes no new
+contexts: its live ones play to their end and it is closed once empty, so a connection is only
+ever replaced between turns. A connection that dies fails its live contexts with
+:class:`TTSConnectionError` - their audio is never replayed - and the next context goes elsewhere.
 """
 
 from __future__ import annotations
@@ -23,18 +36,48 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from . import protocol as P
-from .protocol import MsgType
+from .replicas import Replica, ReplicaSet, Resolver
+from .session import (
+    DRAINING_CODE,
+    Acked,
+    ClientSession,
+    Done,
+    Draining,
+    Failed,
+    Pong,
+    SessionContext,
+    SessionError,
+    Started,
+    Unknown,
+    Word,
+    Words,
+    check_ready,
+)
+from .session import Audio as _Audio
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "AudioFrame",
+    "CancelResult",
+    "TTSClient",
+    "TTSConnectionError",
+    "TTSContext",
+    "TTSDraining",
+    "TTSError",
+    "TTSOverloaded",
+    "Word",
+    "WordTimings",
+]
 
 
 class TTSError(Exception):
@@ -63,6 +106,10 @@ class TTSOverloaded(TTSError):
         return int(self.extra.get("retry_after_ms", 1000))
 
 
+class TTSDraining(TTSOverloaded):
+    """The replica is shutting down and takes no new contexts; another one may."""
+
+
 @dataclass(frozen=True, slots=True)
 class AudioFrame:
     context_id: str
@@ -76,13 +123,6 @@ class AudioFrame:
     def duration_s(self) -> float:
         width = 1 if self.encoding == P.MULAW else 2
         return len(self.pcm) / width / self.sample_rate
-
-
-@dataclass(frozen=True, slots=True)
-class Word:
-    word: str
-    start: float
-    end: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,33 +146,122 @@ class CancelResult:
 _END = object()
 
 
-@dataclass(eq=False)
+def _error(failed: Failed) -> TTSError:
+    """The one translation of a server ``error`` into an exception."""
+    cls = {P.ErrorCode.OVERLOADED: TTSOverloaded, DRAINING_CODE: TTSDraining}.get(failed.code, TTSError)
+    context_id = failed.ctx.context_id if failed.ctx is not None else None
+    return cls(failed.code, failed.message, context_id, context_ended=failed.ended, **failed.extra)
+
+
+class _Connection:
+    """One WebSocket of a client: its replica, its protocol session, its reader and waiters."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, replica: Replica, info: dict[str, Any]) -> None:
+        self.ws = ws
+        self.replica = replica
+        self.session = ClientSession(info)
+        self.reader: asyncio.Task | None = None
+        self.acks: dict[str, list[asyncio.Future]] = {}
+        self.pings: dict[Any, asyncio.Future] = {}
+        self.retired = False  # takes no new contexts (draining, refused, replaced); closed once empty
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+
+    @property
+    def open(self) -> bool:
+        return not self.ws.closed and not self.lost.is_set()
+
+    @property
+    def usable(self) -> bool:
+        return self.open and not self.retired and not self.session.draining
+
+
 class TTSContext:
     """One utterance (or one LLM turn) on the shared connection."""
 
-    client: TTSClient
-    context_id: str
-    stream: int = 0
-    sample_rate: int = 0
-    encoding: str = P.PCM_S16LE
-    frames: int = 0
-    audio_ms: float = 0.0
-    done: bool = False
-    cancelled: bool = False
-    dropped_after_cancel: int = 0
-    _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    _started: asyncio.Future | None = None
-    _report_start_errors: bool = False  # open(wait=False): start errors go to the iterator
-    _ack: asyncio.Future | None = None
+    def __init__(
+        self,
+        client: TTSClient,
+        context_id: str,
+        stream: int = 0,
+        sample_rate: int = 0,
+        encoding: str = P.PCM_S16LE,
+        *,
+        session_context: SessionContext | None = None,
+        connection: _Connection | None = None,
+    ) -> None:
+        """Made by :meth:`TTSClient.open`; the positional form builds a detached context (tests)."""
+        self.client = client
+        if session_context is None:
+            session_context = SessionContext(context_id, stream=stream or None, sample_rate=sample_rate)
+            session_context.encoding = encoding
+        self._s = session_context
+        self._s.owner = self
+        self._conn = connection
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._started: asyncio.Future | None = None
+        self._report_start_errors = False  # open(wait=False): start errors go to the iterator
+        self._dropped_queued = 0  # frames already queued when the context was gated
 
+    # -- state, read from the session
+    @property
+    def context_id(self) -> str:
+        return self._s.context_id
+
+    @property
+    def stream(self) -> int:
+        return self._s.stream or 0
+
+    @property
+    def sample_rate(self) -> int:
+        return self._s.sample_rate
+
+    @property
+    def encoding(self) -> str:
+        return self._s.encoding
+
+    @property
+    def frames(self) -> int:
+        return self._s.frames
+
+    @property
+    def audio_ms(self) -> float:
+        return self._s.audio_ms
+
+    @property
+    def done(self) -> bool:
+        return self._s.done
+
+    @property
+    def cancelled(self) -> bool:
+        return self._s.gated
+
+    @property
+    def dropped_after_cancel(self) -> int:
+        return self._s.dropped + self._dropped_queued
+
+    @property
+    def replica_url(self) -> str:
+        """The replica this context runs on."""
+        return self._attached().replica.url
+
+    def _attached(self) -> _Connection:
+        if self._conn is None:
+            raise TTSConnectionError("this context was not opened by TTSClient.open(); it has no connection")
+        return self._conn
+
+    # -- verbs
     async def send_text(self, text: str) -> None:
-        await self.client._send(P.text(self.context_id, text))
+        conn = self._attached()
+        await self.client._send(conn, conn.session.text(self._s, text))
 
     async def flush(self) -> None:
-        await self.client._send(P.flush(self.context_id))
+        conn = self._attached()
+        await self.client._send(conn, conn.session.flush(self._s))
 
     async def end(self) -> None:
-        await self.client._send(P.end(self.context_id))
+        conn = self._attached()
+        await self.client._send(conn, conn.session.end(self._s))
 
     async def cancel(self, timeout: float | None = None) -> CancelResult:
         """Stop this context; returns once the server acknowledged (or the timeout passed).
@@ -171,11 +300,18 @@ class TTSContext:
 
 
 class TTSClient:
-    """One persistent connection to a streamvox server, shared by many contexts."""
+    """Persistent connections to one streamvox server or a replica set, shared by many contexts.
+
+    ``url``: one WebSocket URL, or a list of them (replicas). ``discover=True``: the URL's host
+    name resolves to one address per replica (a headless Service); ``resolver`` replaces the
+    system resolver (tests). ``connect_attempts`` bounds the tries of one connect (each try is
+    one replica; with several replicas a failed one is skipped at once, with one the tries are
+    spaced by a jittered exponential backoff).
+    """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         api_key: str | None = None,
         connect_timeout: float = 5.0,
@@ -184,26 +320,33 @@ class TTSClient:
         connect_attempts: int = 5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
+        discover: bool = False,
+        resolver: Resolver | None = None,
+        probe_timeout_s: float = 0.5,
     ) -> None:
-        self.url = url
+        self.replicas = ReplicaSet(
+            url,
+            discover=discover,
+            resolver=resolver,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            probe_timeout_s=probe_timeout_s,
+        )
+        self.url = url if isinstance(url, str) else self.replicas.label
         self.api_key = api_key
         self.connect_timeout = connect_timeout
         self.cancel_timeout = cancel_timeout
         self.open_timeout = open_timeout
-        self.connect_attempts = connect_attempts
+        self.connect_attempts = max(1, connect_attempts)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self.server_info: dict[str, Any] = {}
         self.reconnects = 0
         self.connections = 0
         self.frames_dropped = 0  # stale frames discarded (cancelled/unknown streams)
-        self._session: aiohttp.ClientSession | None = None
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._reader: asyncio.Task | None = None
-        self._contexts: dict[str, TTSContext] = {}
-        self._by_stream: dict[int, TTSContext] = {}
-        self._acks: dict[str, list[asyncio.Future]] = {}
-        self._pings: dict[Any, asyncio.Future] = {}
+        self.retries_elsewhere = 0  # contexts refused (full/draining) and opened on another replica
+        self._http: aiohttp.ClientSession | None = None
+        self._current: _Connection | None = None
+        self._conns: set[_Connection] = set()
         self._ids = itertools.count(1)
         self._connect_lock = asyncio.Lock()
         self._closed = False
@@ -214,7 +357,17 @@ class TTSClient:
     # ------------------------------------------------------------ connection
     @property
     def connected(self) -> bool:
-        return self._ws is not None and not self._ws.closed
+        """A connection that takes new contexts is open (a draining one does not count)."""
+        return self._current is not None and self._current.usable
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        return self._current.session.ready if self._current is not None else {}
+
+    @property
+    def replica_url(self) -> str | None:
+        """The replica new contexts go to now."""
+        return self._current.replica.url if self._current is not None else None
 
     async def __aenter__(self) -> TTSClient:
         await self.connect()
@@ -224,62 +377,86 @@ class TTSClient:
         await self.close()
 
     async def connect(self) -> None:
-        """Connect (or reconnect) with exponential backoff and jitter."""
+        """Make sure a usable connection exists: place one on a replica if needed."""
         async with self._connect_lock:
             if self.connected:
                 return
             if self._closed:
                 raise TTSConnectionError("client is closed")
-            delay = self.backoff_s
-            last: Exception | None = None
-            for attempt in range(self.connect_attempts):
-                if self._closed:  # close() ran during a background reconnect
-                    raise TTSConnectionError("client is closed")
+            if self._current is not None:
+                self._retire(self._current)  # draining: it finishes its contexts, new ones go elsewhere
+            conn = await self._place()
+            self._current = conn
+            self._disconnected.clear()
+            self.connections += 1
+            if self.connections > 1:
+                self.reconnects += 1
+
+    async def _place(self) -> _Connection:
+        """Try replicas (best first) until one connects; back off when all are skipped."""
+        last = "no replica was tried"
+        delay = self.backoff_s
+        for attempt in range(self.connect_attempts):
+            if self._closed:  # close() ran during a background reconnect
+                raise TTSConnectionError("client is closed")
+            try:
+                order = await self.replicas.choose(self._session())
+            except OSError as exc:
+                order, last = [], str(exc)
+            if not order and attempt + 1 == self.connect_attempts:
+                # Everything is backed off: a last try on the replica that comes back first, so
+                # a full server answers with its own 'overloaded' rather than us guessing.
+                order = sorted(self.replicas.replicas, key=lambda r: r.down_until)[:1]
+            for replica in order:
                 try:
-                    await self._connect_once()
-                    if self.connections > 1:
-                        self.reconnects += 1
-                    return
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    last = exc
+                    conn = await self._connect_to(replica)
+                except TTSConnectionError:
+                    raise
+                except (aiohttp.ClientError, OSError, TimeoutError, SessionError) as exc:
                     if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
                         raise TTSConnectionError(f"server refused the API key (HTTP {exc.status})") from None
-                    if attempt + 1 < self.connect_attempts:
-                        await asyncio.sleep(delay * (0.5 + random.random()))
-                        delay = min(self.max_backoff_s, delay * 2)
-            raise TTSConnectionError(f"cannot connect to {self.url}: {last}") from None
+                    last = f"{exc or type(exc).__name__}"
+                    self.replicas.mark_failed(replica, last)
+                    continue
+                self.replicas.mark_ok(replica)
+                return conn
+            if attempt + 1 < self.connect_attempts:
+                wait = self.replicas.wait_s() if len(self.replicas.replicas) > 1 else 0.0
+                await asyncio.sleep(max(wait, self.replicas.jitter(delay)))
+                delay = min(self.max_backoff_s, delay * 2)
+        raise TTSConnectionError(f"cannot connect to {self.replicas.label}: {last}") from None
 
-    async def _connect_once(self) -> None:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def _connect_to(self, replica: Replica) -> _Connection:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        ws = await self._session.ws_connect(
-            self.url,
+        if replica.host_header:
+            headers["Host"] = replica.host_header
+        ws = await self._session().ws_connect(
+            replica.url,
             headers=headers,
             timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self.connect_timeout),
             heartbeat=30.0,
             max_msg_size=0,
+            server_hostname=replica.server_hostname,
         )
         try:
             msg = await asyncio.wait_for(ws.receive(), self.connect_timeout)
-        except TimeoutError:
+            if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                raise SessionError(f"expected a 'ready' message, got {msg.type!r}")
+            info = check_ready(msg.data)
+            if self._closed:
+                raise TTSConnectionError("client is closed")
+        except BaseException:
             await ws.close()
             raise
-        if msg.type != aiohttp.WSMsgType.TEXT:
-            await ws.close()
-            raise aiohttp.ClientError(f"expected a 'ready' message, got {msg.type!r}")
-        info = P.parse_server_message(msg.data)
-        if info.get("type") != MsgType.READY or info.get("protocol") != P.PROTOCOL_VERSION:
-            await ws.close()
-            raise aiohttp.ClientError(f"server speaks an unexpected protocol: {info}")
-        if self._closed:
-            await ws.close()
-            raise TTSConnectionError("client is closed")
-        self.server_info = info
-        self._ws = ws
-        self._disconnected.clear()
-        self.connections += 1
-        self._reader = asyncio.create_task(self._read(ws), name="streamvox-client-reader")
+        conn = _Connection(ws, replica, info)
+        self._conns.add(conn)
+        conn.reader = asyncio.create_task(self._read(conn), name="streamvox-client-reader")
+        return conn
 
     async def wait_disconnected(self) -> str:
         """Wait until the current connection is lost (or closed); return the reason."""
@@ -288,52 +465,80 @@ class TTSClient:
 
     async def close(self) -> None:
         self._closed = True
-        await self._drop_connection("client closed")
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for conn in list(self._conns):
+            await self._drop(conn, "client closed")
+        self._disconnected.set()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
-    async def _drop_connection(self, reason: str) -> None:
-        ws, self._ws = self._ws, None
-        reader, self._reader = self._reader, None
-        if ws is not None:
-            await ws.close()
+    def _retire(self, conn: _Connection) -> None:
+        """No new contexts on ``conn``; close it once its live contexts have finished."""
+        conn.retired = True
+        if self._current is conn:
+            self._current = None
+        self._close_if_idle(conn)
+
+    def _close_if_idle(self, conn: _Connection) -> None:
+        if conn.retired and not conn.session.open_contexts and conn.open:
+            self._spawn(self._drop(conn, "replaced between turns"))
+
+    async def _drop(self, conn: _Connection, reason: str) -> None:
+        """Close ``conn`` and fail whatever still waits on it."""
+        reader, conn.reader = conn.reader, None
+        await conn.ws.close()
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-        self._fail_all(TTSConnectionError(reason))
+        self._lost(conn, reason)
 
-    def _fail_all(self, exc: TTSConnectionError) -> None:
-        """A lost connection is every waiter's problem: tell each of them."""
-        self._lost_reason = exc.message
-        self._disconnected.set()
-        for ctx in list(self._contexts.values()):
+    def _lost(self, conn: _Connection, reason: str) -> None:
+        """A lost connection is every waiter's problem: tell each of them (never replay)."""
+        if conn.lost.is_set():
+            return
+        conn.lost_reason = reason
+        conn.lost.set()
+        self._conns.discard(conn)
+        exc = TTSConnectionError(reason)
+        for s in conn.session.lose():
+            ctx = s.owner
+            if ctx is None:
+                continue
             if ctx._started is not None and not ctx._started.done():
                 ctx._started.set_exception(exc)
                 if ctx._report_start_errors:
                     ctx._started.exception()
-            if not ctx.done and not ctx.cancelled:
+            if not s.gated:
                 ctx._queue.put_nowait(exc)
-        for futs in self._acks.values():
+        for futs in conn.acks.values():
             for fut in futs:
                 if not fut.done():
                     fut.set_exception(exc)
-        for fut in self._pings.values():
+        for fut in conn.pings.values():
             if not fut.done():
                 fut.set_exception(exc)
-        self._contexts.clear()
-        self._by_stream.clear()
-        self._acks.clear()
-        self._pings.clear()
+        conn.acks.clear()
+        conn.pings.clear()
+        if self._current is conn:
+            self._current = None
+            self._lost_reason = reason
+            self._disconnected.set()
 
-    async def _send(self, data: str) -> None:
-        if not self.connected:
+    async def _send(self, conn: _Connection, data: str | None) -> None:
+        if data is None:
+            return  # the session says nothing may be sent (gated, ended or finished context)
+        if not conn.open:
             raise TTSConnectionError("not connected (the connection was lost; open a new context)")
         try:
-            await self._ws.send_str(data)  # type: ignore[union-attr]
+            await conn.ws.send_str(data)
         except (ConnectionError, RuntimeError) as exc:
-            await self._drop_connection(f"send failed: {exc}")
+            await self._drop(conn, f"send failed: {exc}")
             raise TTSConnectionError(f"send failed: {exc}") from None
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # ------------------------------------------------------------ contexts
     async def open(
@@ -353,83 +558,106 @@ class TTSClient:
         ``send_text``: a refusal (``overloaded``, ``unknown_voice``) then surfaces when the
         context is iterated. ``sample_rate`` and ``stream`` are known once ``started`` arrived,
         which is always before the first frame.
+
+        With several replicas and ``wait=True``, a refusal for lack of room (``overloaded``,
+        ``draining``) is retried at once on another replica (nothing was spoken, so nothing is
+        replayed); the refusing replica is backed off.
         """
+        ctx_id = context_id or f"c{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        opts = {"voice": voice, "sample_rate": sample_rate, "encoding": encoding, "pace": pace, "text": text}
+        refusals = 0
+        while True:
+            try:
+                return await self._open_once(ctx_id, opts, wait)
+            except TTSOverloaded:
+                refusals += 1  # each replica gets one chance per open
+                if not wait or refusals >= len(self.replicas.replicas):
+                    raise
+                self.retries_elsewhere += 1
+
+    def _refused(self, conn: _Connection, exc: TTSOverloaded) -> None:
+        """A replica refused a context for lack of room: back it off and place the next elsewhere."""
+        self.replicas.mark_failed(conn.replica, exc.code, retry_after_s=exc.retry_after_ms / 1000)
+        self._retire(conn)
+
+    async def _open_once(self, ctx_id: str, opts: dict[str, Any], wait: bool) -> TTSContext:
         if not self.connected:
             await self.connect()
-        ctx_id = context_id or f"c{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        if ctx_id in self._contexts:
-            raise TTSError(P.ErrorCode.BAD_REQUEST, f"context {ctx_id!r} is already open on this client")
-        ctx = TTSContext(self, ctx_id)
+        conn = self._current
+        assert conn is not None
+        try:
+            s, start = conn.session.start(ctx_id, **opts)
+        except SessionError as exc:
+            raise TTSError(P.ErrorCode.BAD_REQUEST, str(exc)) from None
+        ctx = TTSContext(self, ctx_id, session_context=s, connection=conn)
         ctx._started = asyncio.get_running_loop().create_future()
         ctx._report_start_errors = not wait
-        self._contexts[ctx_id] = ctx
         sent = False
         try:
-            await self._send(
-                P.start(ctx_id, voice=voice, sample_rate=sample_rate, encoding=encoding, pace=pace, text=text)
-            )
+            await self._send(conn, start)
             sent = True
             if wait:
                 await asyncio.wait_for(ctx._started, self.open_timeout)
+        except TTSOverloaded as exc:
+            if len(self.replicas.replicas) > 1 or isinstance(exc, TTSDraining):
+                self._refused(conn, exc)
+            raise
         except BaseException:
-            self._contexts.pop(ctx_id, None)
-            if sent and self.connected:
-                # Cancelled (or timed out) after the server got 'start': do not leave the context
-                # running there, holding one of the connection's context slots.
-                self._background_send(P.cancel(ctx_id))
+            if not s.finished:
+                if sent and conn.open:
+                    # Cancelled (or timed out) after the server got 'start': do not leave the
+                    # context running there, holding one of the connection's context slots.
+                    self._spawn(self._send_quietly(conn, conn.session.cancel(s)))
+                conn.session.forget(s)
+            self._close_if_idle(conn)
             raise
         return ctx
 
-    def _background_send(self, data: str) -> None:
-        async def send() -> None:
-            try:
-                await self._send(data)
-            except TTSConnectionError:
-                pass
-
-        task = asyncio.ensure_future(send())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    async def _send_quietly(self, conn: _Connection, data: str | None) -> None:
+        try:
+            await self._send(conn, data)
+        except TTSConnectionError:
+            pass
 
     def _gate(self, ctx: TTSContext) -> None:
         """From now on nothing of this context is yielded; late frames are counted and dropped."""
-        if ctx.cancelled:
+        if not ClientSession.gate(ctx._s):
             return
-        ctx.cancelled = True
         while not ctx._queue.empty():
             item = ctx._queue.get_nowait()
             if isinstance(item, AudioFrame):
-                ctx.dropped_after_cancel += 1
+                ctx._dropped_queued += 1
                 self.frames_dropped += 1
         ctx._queue.put_nowait(_END)
 
     async def _cancel(self, ctx: TTSContext, timeout: float | None) -> CancelResult:
         t0 = time.monotonic()
-        already_finished = ctx.done
+        conn, s = ctx._attached(), ctx._s
+        already = s.finished
         self._gate(ctx)
-        if already_finished:
+        if already:
+            # done before the cancel, or ended by an error / the connection meanwhile
+            if s.outcome == "lost":
+                return CancelResult(False, 0.0, 0, ctx.dropped_after_cancel, "disconnected")
             return CancelResult(True, 0.0, 0, ctx.dropped_after_cancel, "finished")
-        if not self.connected:
+        if not conn.open:
             return CancelResult(False, 0.0, 0, ctx.dropped_after_cancel, "disconnected")
-        if ctx.context_id not in self._contexts:  # ended by an error meanwhile
-            return CancelResult(True, 0.0, 0, ctx.dropped_after_cancel, "finished")
         fut = asyncio.get_running_loop().create_future()
-        self._acks.setdefault(ctx.context_id, []).append(fut)
+        conn.acks.setdefault(s.context_id, []).append(fut)
+        message = conn.session.cancel(s)  # None: another cancel of it is already on its way
+        limit = timeout if timeout is not None else self.cancel_timeout
         try:
-            await self._send(P.cancel(ctx.context_id))
-            ack = await asyncio.wait_for(fut, timeout if timeout is not None else self.cancel_timeout)
+            await self._send(conn, message)
+            ack = await asyncio.wait_for(fut, limit)
         except TimeoutError:
-            log.warning(
-                "no cancel ack for %s within %.1f s: reconnecting", ctx.context_id, timeout or self.cancel_timeout
-            )
-            await self._drop_connection("cancel was not acknowledged")
-            task = asyncio.ensure_future(self._reconnect_quietly())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            log.warning("no cancel ack for %s within %.1f s: reconnecting", s.context_id, limit)
+            await self._drop(conn, "cancel was not acknowledged")
+            if not self._closed:
+                self._spawn(self._reconnect_quietly())
             return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel, "timeout")
         except TTSConnectionError:
             return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel, "disconnected")
-        return CancelResult(True, time.monotonic() - t0, int(ack.get("frames_dropped", 0)), ctx.dropped_after_cancel)
+        return CancelResult(True, time.monotonic() - t0, ack.frames_dropped, ctx.dropped_after_cancel)
 
     async def _reconnect_quietly(self) -> None:
         try:
@@ -441,101 +669,94 @@ class TTSClient:
         """Round-trip time of a ping, in seconds."""
         if not self.connected:
             await self.connect()
+        conn = self._current
+        assert conn is not None
         pid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
-        self._pings[pid] = fut
+        conn.pings[pid] = fut
         t0 = time.monotonic()
-        await self._send(P.ping(pid))
+        await self._send(conn, conn.session.ping(pid))
         await asyncio.wait_for(fut, timeout)
         return time.monotonic() - t0
 
     # ------------------------------------------------------------ receiving
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _read(self, conn: _Connection) -> None:
+        ws = conn.ws
         reason = "server closed the connection"
         try:
             async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.BINARY:
-                    self._on_audio(msg.data)
-                elif msg.type == aiohttp.WSMsgType.TEXT:
-                    self._on_message(P.parse_server_message(msg.data))
+                if msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                    self._dispatch(conn, conn.session.receive(msg.data))
                 elif msg.type == aiohttp.WSMsgType.ERROR:
                     reason = f"connection error: {ws.exception()}"
                     break
+            if ws.close_code is not None and ws.close_code != 1000:
+                reason = f"server closed the connection (code {ws.close_code})"
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a malformed server message: the connection is unusable
             log.exception("reader failed")
             reason = f"reader failed: {exc}"
-        if self._ws is ws:
-            self._ws = None
-            self._reader = None
+        if conn.reader is asyncio.current_task():
+            conn.reader = None
             await ws.close()
-            self._fail_all(TTSConnectionError(reason))
+            if not conn.retired:
+                self.replicas.mark_failed(conn.replica, reason)  # died under us: skip it for a while
+            self._lost(conn, reason)
 
-    def _on_audio(self, data: bytes) -> None:
-        stream, seq, payload = P.unpack_frame(data)
-        ctx = self._by_stream.get(stream)
-        if ctx is None or ctx.cancelled:
-            self.frames_dropped += 1
-            if ctx is not None:
-                ctx.dropped_after_cancel += 1
-            return
-        ctx.frames += 1
-        ctx._queue.put_nowait(AudioFrame(ctx.context_id, seq, payload, ctx.sample_rate, ctx.encoding, time.monotonic()))
-
-    def _on_message(self, msg: dict[str, Any]) -> None:
-        mtype = msg["type"]
-        ctx = self._contexts.get(msg.get("context_id") or "")
-        if mtype == MsgType.STARTED and ctx is not None:
-            ctx.stream = int(msg["stream"])
-            ctx.sample_rate = int(msg["sample_rate"])
-            ctx.encoding = msg["encoding"]
-            self._by_stream[ctx.stream] = ctx
-            if ctx._started is not None and not ctx._started.done():
-                ctx._started.set_result(None)
-        elif mtype == MsgType.WORDS and ctx is not None and not ctx.cancelled:
-            words = [Word(w["word"], float(w["start"]), float(w["end"])) for w in msg.get("words", [])]
-            ctx._queue.put_nowait(WordTimings(ctx.context_id, words))
-        elif mtype == MsgType.DONE and ctx is not None:
-            ctx.done = True
-            ctx.audio_ms = float(msg.get("audio_ms", 0.0))
-            ctx._queue.put_nowait(_END)
-            self._forget(ctx)
-        elif mtype == MsgType.CANCELLED:
-            for fut in self._acks.pop(msg.get("context_id", ""), []):
-                if not fut.done():
-                    fut.set_result(msg)
-            if ctx is not None:
-                self._forget(ctx)
-        elif mtype == MsgType.ERROR:
-            self._on_error(msg, ctx)
-        elif mtype == MsgType.PONG:
-            fut = self._pings.pop(msg.get("id"), None)
+    def _dispatch(self, conn: _Connection, ev: object) -> None:
+        if isinstance(ev, _Audio):
+            if ev.stale or ev.ctx is None:
+                self.frames_dropped += 1
+                return
+            ctx: TTSContext = ev.ctx.owner
+            s = ev.ctx
+            ctx._queue.put_nowait(
+                AudioFrame(s.context_id, ev.seq, ev.payload, s.sample_rate, s.encoding, time.monotonic())
+            )
+        elif isinstance(ev, Started):
+            fut = ev.ctx.owner._started
             if fut is not None and not fut.done():
                 fut.set_result(None)
-        elif mtype not in (MsgType.STARTED, MsgType.WORDS, MsgType.DONE, MsgType.READY):
-            log.warning("unknown server message type %r", mtype)
+        elif isinstance(ev, Words):
+            if not ev.ctx.gated:
+                ev.ctx.owner._queue.put_nowait(WordTimings(ev.ctx.context_id, ev.words))
+        elif isinstance(ev, Done):
+            ev.ctx.owner._queue.put_nowait(_END)
+            self._close_if_idle(conn)
+        elif isinstance(ev, Acked):
+            for fut in conn.acks.pop(ev.context_id, []):
+                if not fut.done():
+                    fut.set_result(ev)
+            self._close_if_idle(conn)
+        elif isinstance(ev, Failed):
+            self._on_error(conn, ev)
+        elif isinstance(ev, Pong):
+            fut = conn.pings.pop(ev.ping_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif isinstance(ev, Draining):
+            log.info("%s is draining: new contexts go to another replica", conn.replica.url)
+            self.replicas.mark_failed(conn.replica, "draining", retry_after_s=self.max_backoff_s)
+            self._retire(conn)
+        elif isinstance(ev, Unknown) and ev.msg.get("type") != P.MsgType.READY:
+            log.warning("unknown server message type %r", ev.msg.get("type"))
 
-    def _on_error(self, msg: dict[str, Any], ctx: TTSContext | None) -> None:
-        extra = {k: v for k, v in msg.items() if k not in ("type", "code", "message", "context_id")}
-        cls = TTSOverloaded if msg.get("code") == P.ErrorCode.OVERLOADED else TTSError
-        exc = cls(msg.get("code", "unknown"), msg.get("message", ""), msg.get("context_id"), **extra)
-        if ctx is None:
+    def _on_error(self, conn: _Connection, failed: Failed) -> None:
+        exc = _error(failed)
+        s = failed.ctx
+        if s is None or s.owner is None:
+            if failed.code == DRAINING_CODE:
+                self._retire(conn)
             log.warning("server error: %s", exc)
             return
-        ended = msg.get("context_ended", True)
-        if ctx._started is not None and not ctx._started.done() and ended:
+        ctx: TTSContext = s.owner
+        if ctx._started is not None and not ctx._started.done() and failed.ended:
             ctx._started.set_exception(exc)
             if not ctx._report_start_errors:
-                self._forget(ctx)
+                self._close_if_idle(conn)
                 return
             ctx._started.exception()  # nobody awaits it: mark it retrieved
-        if not ctx.cancelled:
+        if not s.gated:
             ctx._queue.put_nowait(exc)
-        if ended:
-            self._forget(ctx)
-
-    def _forget(self, ctx: TTSContext) -> None:
-        self._contexts.pop(ctx.context_id, None)
-        if self._by_stream.get(ctx.stream) is ctx:
-            del self._by_stream[ctx.stream]
+        self._close_if_idle(conn)

@@ -1,10 +1,12 @@
-"""A raw protocol-v1 client that records every message with its arrival time.
+"""A protocol-v1 client that records every message with its arrival time.
 
 The bench does not use :class:`tts_service.client.TTSClient` for measuring: that client gates
 stale frames away (correctly, for an agent), which would hide exactly what the bench must see -
-a frame that arrives after a cancel ack. Here every binary frame is attributed by the raw
-``stream`` number of its header, and every message gets a connection-wide index, so "after the
-ack" means "later on the wire", independent of clock resolution.
+a frame that arrives after a cancel ack. It drives the same protocol session
+(:mod:`tts_service.session`) but records what an agent drops: every binary frame is attributed
+by the ``stream`` number of its header (late frames of a cancelled context included), and every
+message gets a connection-wide index, so "after the ack" means "later on the wire",
+independent of clock resolution.
 """
 
 from __future__ import annotations
@@ -18,7 +20,19 @@ from typing import Any
 import aiohttp
 
 from .. import protocol as P
-from ..protocol import MsgType
+from ..session import (
+    Acked,
+    Audio,
+    ClientSession,
+    Done,
+    Failed,
+    SessionContext,
+    SessionError,
+    Started,
+    Unknown,
+    Words,
+    check_ready,
+)
 
 
 class WireError(Exception):
@@ -39,6 +53,7 @@ class Ctx:
 
     context_id: str
     conn: Conn
+    s: SessionContext | None = None  # the protocol state (tts_service.session)
     stream: int | None = None
     sample_rate: int = 0
     encoding: str = P.PCM_S16LE
@@ -106,12 +121,15 @@ class Ctx:
         return sum(1 for i, f in enumerate(self.frames) if f.seq != i)
 
     # -- actions
+    # The bench sends what it is told, even to a finished context: it measures the server.
     async def text(self, text: str) -> None:
         if self.text_sent is None:
             self.text_sent = time.perf_counter()
         await self.conn.send(P.text(self.context_id, text))
 
     async def end(self) -> None:
+        if self.s is not None:
+            self.s.ended = True
         await self.conn.send(P.end(self.context_id))
 
     async def flush(self) -> None:
@@ -120,6 +138,8 @@ class Ctx:
     async def cancel(self) -> None:
         self.cancel_sent = time.perf_counter()
         self.cancel_index = self.conn.index
+        if self.s is not None:
+            self.conn.session.cancel(self.s)  # gated: later frames are "after the cancel"
         await self.conn.send(P.cancel(self.context_id))
 
     async def wait(self, predicate, timeout: float) -> bool:
@@ -158,7 +178,7 @@ class Conn:
         self.url = url
         self.api_key = api_key
         self.ready: dict[str, Any] = {}
-        self.index = 0  # messages received so far
+        self.session = ClientSession()
         self.orphan_frames = 0  # frames whose stream number no context owns
         self.unknown_messages: list[dict[str, Any]] = []
         self.connect_s: float | None = None  # handshake + ready
@@ -167,8 +187,12 @@ class Conn:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task | None = None
         self._by_id: dict[str, Ctx] = {}
-        self._by_stream: dict[int, Ctx] = {}
         self._ids = itertools.count(1)
+
+    @property
+    def index(self) -> int:
+        """Messages received so far (the session counts them, ``ready`` excluded)."""
+        return self.session.messages
 
     @property
     def closed(self) -> bool:
@@ -191,13 +215,14 @@ class Conn:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             await self.close()
             raise WireError(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
-        if msg.type != aiohttp.WSMsgType.TEXT:
+        try:
+            if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                raise SessionError(f"got {msg.type!r}")
+            self.ready = check_ready(msg.data)
+        except SessionError as exc:
             await self.close()
-            raise WireError(f"expected a 'ready' message from {self.url}, got {msg.type!r}")
-        self.ready = P.parse_server_message(msg.data)
-        if self.ready.get("type") != MsgType.READY:
-            await self.close()
-            raise WireError(f"expected a 'ready' message from {self.url}, got {self.ready}")
+            raise WireError(f"expected a protocol-v1 'ready' message from {self.url}: {exc}") from None
+        self.session = ClientSession(self.ready)
         self.connect_s = time.perf_counter() - t0
         self._reader = asyncio.create_task(self._read(), name="bench-wire-reader")
         return self
@@ -230,52 +255,55 @@ class Conn:
     async def start(self, *, prefix: str = "b", keep_audio: bool = False, **opts: Any) -> Ctx:
         """Send ``start`` (does not wait for ``started``; see :meth:`Ctx.wait_started`)."""
         ctx = Ctx(f"{prefix}{next(self._ids)}", self, keep_audio=keep_audio)
+        ctx.s, message = self.session.start(ctx.context_id, owner=ctx, **opts)
         self._by_id[ctx.context_id] = ctx
         ctx.start_sent = time.perf_counter()
-        await self.send(P.start(ctx.context_id, **opts))
+        await self.send(message)
         return ctx
 
     async def _read(self) -> None:
         assert self._ws is not None
         async for msg in self._ws:
             now = time.perf_counter()
-            self.index += 1
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                stream, seq, payload = P.unpack_frame(msg.data)
-                ctx = self._by_stream.get(stream)
-                if ctx is None:
-                    self.orphan_frames += 1
-                    continue
-                ctx.frames.append(Frame(now, self.index, seq, len(payload)))
-                if ctx.keep_audio:
-                    ctx.pcm += payload
-                ctx._notify()
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                self._on_message(P.parse_server_message(msg.data), now)
+            if msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                self._record(self.session.receive(msg.data), now)
             elif msg.type in (aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSED):
                 break
         for ctx in self._by_id.values():
             ctx._notify()
 
-    def _on_message(self, m: dict[str, Any], now: float) -> None:
-        mtype = m["type"]
-        ctx = self._by_id.get(m.get("context_id") or "")
-        if ctx is None:
-            if mtype not in (MsgType.PONG, MsgType.CANCELLED, MsgType.ERROR):
-                self.unknown_messages.append(m)
+    def _record(self, ev: object, now: float) -> None:
+        if isinstance(ev, Audio):
+            ctx = ev.ctx.owner if ev.ctx is not None else None
+            if ctx is None:
+                self.orphan_frames += 1
+                return
+            # Recorded even when stale: a frame after the ack is what the bench must count.
+            ctx.frames.append(Frame(now, self.index, ev.seq, len(ev.payload)))
+            if ctx.keep_audio:
+                ctx.pcm += ev.payload
+        elif isinstance(ev, Started):
+            ctx = ev.ctx.owner
+            ctx.started_at, ctx.stream = now, ev.ctx.stream
+            ctx.sample_rate, ctx.encoding = ev.ctx.sample_rate, ev.ctx.encoding
+        elif isinstance(ev, Done):
+            ctx = ev.ctx.owner
+            ctx.done_at, ctx.done = now, {"frames": ev.frames, "audio_ms": ev.audio_ms}
+        elif isinstance(ev, Acked):
+            ctx = self._by_id.get(ev.context_id)
+            if ctx is None or ctx.ack is not None:
+                return
+            ctx.ack_at, ctx.ack, ctx.ack_index = now, ev.msg, self.index
+        elif isinstance(ev, Failed):
+            ctx = ev.ctx.owner if ev.ctx is not None else None
+            if ctx is None:
+                return
+            ctx.error = {"type": P.MsgType.ERROR, "code": ev.code, "message": ev.message, **ev.extra}
+        elif isinstance(ev, Unknown):
+            self.unknown_messages.append(ev.msg)
             return
-        if mtype == MsgType.STARTED:
-            ctx.started_at = now
-            ctx.stream = int(m["stream"])
-            ctx.sample_rate = int(m["sample_rate"])
-            ctx.encoding = m.get("encoding", P.PCM_S16LE)
-            self._by_stream[ctx.stream] = ctx  # kept after the ack: late frames stay attributable
-        elif mtype == MsgType.DONE:
-            ctx.done_at, ctx.done = now, m
-        elif mtype == MsgType.CANCELLED:
-            ctx.ack_at, ctx.ack, ctx.ack_index = now, m, self.index
-        elif mtype == MsgType.ERROR:
-            ctx.error = m
-        elif mtype != MsgType.WORDS:
-            self.unknown_messages.append(m)
+        elif isinstance(ev, Words):
+            return
+        else:
+            return  # pong, draining: connection-level, nothing to record per context
         ctx._notify()
