@@ -185,8 +185,9 @@ class LocalLLM:
         model = self.engine.model
         with self._lock:
             torch.set_num_threads(self.threads)
-            model.forward([0] * 16, 0, 0)
-            model.forward([0], 0, 16)
+            model.forward([0] * 32, 0, 0)  # the dense prefill path
+            model.forward([0] * 8, 0, 32)  # the int4 path with a mask
+            model.forward([0], 0, 40)  # a decode step
         self.engine.reset()
 
     # ------------------------------------------------------------------ generation
@@ -386,8 +387,6 @@ def build_app(llm: LocalLLM) -> web.Application:
                         log.debug("client left %s before its reply was complete", rid)
                         return web.Response(status=499)  # nobody reads it; generation stops here
             text = "".join(text_pieces)
-            usage = {k: info.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             return web.json_response(
                 {
                     "id": rid,
@@ -401,21 +400,18 @@ def build_app(llm: LocalLLM) -> web.Application:
                             "finish_reason": info.get("finish_reason", "stop"),
                         }
                     ],
-                    "usage": usage,
+                    "usage": _usage(info),
                 }
             )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         await resp.prepare(request)
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            obj = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": llm.name,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
+        def event(**fields: Any) -> bytes:
+            obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": llm.name, **fields}
             return f"data: {json.dumps(obj)}\n\n".encode()
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return event(choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
 
         sent = 0
         try:
@@ -425,6 +421,9 @@ def build_app(llm: LocalLLM) -> web.Application:
                     await resp.write(chunk({"content": piece}))
                     sent += 1
             await resp.write(chunk({}, info.get("finish_reason", "stop")))
+            stream_options = body.get("stream_options")
+            if isinstance(stream_options, dict) and stream_options.get("include_usage"):
+                await resp.write(event(choices=[], usage=_usage(info)))  # as OpenAI sends it
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionResetError:
@@ -444,6 +443,11 @@ def build_app(llm: LocalLLM) -> web.Application:
         [web.post("/v1/chat/completions", completions), web.get("/v1/models", models), web.get("/healthz", healthz)]
     )
     return app
+
+
+def _usage(info: dict[str, Any]) -> dict[str, int]:
+    usage = {k: int(info.get(k, 0)) for k in ("prompt_tokens", "completion_tokens")}
+    return {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
 
 
 def _text_of(content: Any) -> str:

@@ -164,8 +164,13 @@ async def test_usage_and_finish_reason(base_url: str) -> None:
         body = {"messages": QUESTION, "max_tokens": 3}
         async with s.post(f"{base_url}/chat/completions", json=body) as resp:
             data = await resp.json()
-    assert data["choices"][0]["finish_reason"] == "length"
-    assert data["usage"]["completion_tokens"] == 3 and data["usage"]["prompt_tokens"] > 10
+        assert data["choices"][0]["finish_reason"] == "length"
+        assert data["usage"]["completion_tokens"] == 3 and data["usage"]["prompt_tokens"] > 10
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}  # what Pipecat sends
+        async with s.post(f"{base_url}/chat/completions", json=body) as resp:
+            events = [json.loads(line[6:]) async for line in resp.content if line.startswith(b"data: {")]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
 
 
 def test_missing_model_is_a_clear_error(tmp_path) -> None:
