@@ -73,7 +73,7 @@ def describe(figures: dict[str, Any]) -> str:
         stages, origin = TURN_STAGES, "the caller's speech end"
     else:
         stages, origin = BARGE_IN_STAGES, "the caller's speech onset"
-    parts = [f"{words} +{figures[key]:.0f}" for key, words in stages.items() if figures.get(key) is not None]
+    parts = [f"{words} {figures[key]:+.0f}" for key, words in stages.items() if figures.get(key) is not None]
     line = f"{figures['kind']} {figures['n']}: ms after {origin} (server clock): " + ", ".join(parts)
     if figures.get("tts_ttfb") is not None:
         line += f"; TTS first text -> first audio {figures['tts_ttfb']:.0f} ms"

@@ -51,6 +51,7 @@ const svx = {
   transcript: [], // {who: "you"|"agent", text, interrupted, t}
   botWords: [], // {t, text}: each bot-tts-text word when it arrived
   rtvi: [], // {t, type}: every RTVI message type, in order
+  agentErrors: [], // {t, text}: RTVI error messages (a service of the agent failed)
   botSegments: [], // {start, end}: the agent audible (end null while it still is)
   micSegments: [], // {start, end}: the caller audible
   headphones: false,
@@ -435,9 +436,12 @@ function onRtvi(msg) {
         pairServer({ ...data, t });
       }
       break;
-    case "error":
-      info(`The agent reported an error: ${data.message || data.error || JSON.stringify(data)}`);
+    case "error": {
+      const text = data.message || data.error || JSON.stringify(data);
+      svx.agentErrors.push({ t, text });
+      info(`The agent reported an error: ${text}`);
       break;
+    }
     default:
       break;
   }
@@ -513,7 +517,7 @@ function render(rec) {
   let server = "";
   if (rec.server) {
     const s = rec.server;
-    server = STAGES[rec.kind].filter(([k]) => s[k] !== null && s[k] !== undefined).map(([k, w]) => `<span class="stage">${w} +${Math.round(s[k])}</span>`).join("");
+    server = STAGES[rec.kind].filter(([k]) => s[k] !== null && s[k] !== undefined).map(([k, w]) => `<span class="stage">${w} ${s[k] >= 0 ? "+" : ""}${Math.round(s[k])}</span>`).join("");
     if (s.tts_ttfb !== null && s.tts_ttfb !== undefined) server += `<span class="stage">TTS first byte ${Math.round(s.tts_ttfb)} ms</span>`;
     if (rec.kind === "barge-in") server += `<span class="stage">cancel→ack ${s.cancel_ack !== null && s.cancel_ack !== undefined ? s.cancel_ack.toFixed(1) + " ms" : "none"}</span>`;
   }
