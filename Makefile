@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-tts test lint venv serve clean
+.PHONY: demo demo-tts test lint venv serve clean browser-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,20 @@ demo: $(STAMP)
 demo-tts: $(STAMP)
 	$(PY) -m tts_service.demo
 
-test: $(STAMP)
+# tests/browser drives Debian's chromium + chromium-driver: installed here when missing and root
+# (CI), otherwise a clear message. The test itself skips only where chromium truly is not there.
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver for the browser test (apt-get) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else \
+	  echo "make test: the browser test needs chromium and chromedriver on PATH;" \
+	    "install them (Debian/Ubuntu: sudo apt-get install chromium chromium-driver) and run make test again" >&2; \
+	  exit 1; \
+	fi
+
+test: $(STAMP) browser-deps
 	$(PY) -m ruff check .
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
