@@ -253,3 +253,16 @@ def test_a_hugging_face_llama_directory_runs_like_transformers(tmp_path, llm: Lo
     fast = LocalLLM(tmp_path, slots=1, max_len=256)  # int4: its matrices are rounded to Q4_1 on load
     fast.load(progress=lambda *_: None)
     assert len(list(fast.engine.generate(ids, greedy, eos_ids=frozenset()))) == 6
+
+
+def test_seeded_sampling_is_reproducible(llm: LocalLLM) -> None:
+    ids = llm.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[1]}])
+    runs = []
+    for seed in (7, 7, 8):
+        llm.engine.reset()
+        sampling = Sampling(max_tokens=12, temperature=1.0, seed=seed)
+        runs.append(list(llm.engine.generate(ids, sampling, eos_ids=llm.tokenizer.eos_ids)))
+    assert runs[0] == runs[1] and runs[0]
+    llm.engine.reset()
+    greedy = list(llm.engine.generate(ids, Sampling(max_tokens=12), eos_ids=llm.tokenizer.eos_ids))
+    assert greedy not in (runs[0], runs[2]) or runs[0] != runs[2]  # sampling is not greedy in disguise
