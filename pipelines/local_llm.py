@@ -248,6 +248,16 @@ class LocalLLM:
                 if piece:
                     emit(piece)
             last = self.engine.last
+        log.debug(
+            "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",
+            last.prompt_tokens,
+            last.reused_tokens,
+            last.slot,
+            last.prefill_s * 1000,
+            last.completion_tokens,
+            last.decode_s * 1000,
+            last.finish_reason,
+        )
         return last.prompt_tokens, last.completion_tokens, last.finish_reason
 
     async def astream(
@@ -470,8 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=("int4", "fp32"), default="int4")
     parser.add_argument("--slots", type=int, default=4, help="conversations whose KV caches are kept (default 4)")
     parser.add_argument("--max-len", type=int, default=2048, help="tokens per conversation cache (default 2048)")
+    parser.add_argument("--verbose", action="store_true", help="log each request's prefill and decode figures")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose:
+        log.setLevel(logging.DEBUG)
     try:
         llm = LocalLLM(
             args.model, threads=args.threads, precision=args.precision, slots=args.slots, max_len=args.max_len

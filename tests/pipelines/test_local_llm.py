@@ -196,3 +196,14 @@ def test_a_history_longer_than_the_cache_keeps_reusing_it() -> None:
         history.append({"role": "assistant", "content": "Call it Blue Lagoon."})
     assert sum(r > 0.5 for r in reuse[1:]) >= 4, reuse  # a full prefill only where the window jumped
     assert history[0]["role"] == "system"
+
+
+def test_the_command_line_says_what_is_wrong(tmp_path, capsys) -> None:
+    from pipelines.local_llm import main
+
+    assert main(["--model", str(tmp_path / "nope.gguf")]) == 2
+    out = capsys.readouterr()
+    assert "does not exist" in out.out and "Traceback" not in out.err
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
+    assert main(["--model", str(tmp_path / "bad.gguf")]) == 2
+    assert "cannot" in capsys.readouterr().out
