@@ -41,6 +41,7 @@ import logging
 import re
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -69,6 +70,7 @@ from tts_service.client import (
     TTSOverloaded,
     WordTimings,
 )
+from tts_service.client import Resolver as _Resolver
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ _STATUS = {
 
 @dataclass
 class _TTSOptions:
-    url: str
+    url: str | tuple[str, ...]  # one server, or the replicas (each connection placed by load)
     api_key: str | None
     voice: str | None
     sample_rate: int
@@ -97,6 +99,20 @@ class _TTSOptions:
     persistent: bool
     cancel_timeout: float
     max_streams_per_connection: int
+    discover: bool = False  # url's host name has one address per replica (a headless Service)
+    resolver: _Resolver | None = None
+
+    def client(self, *, connect_attempts: int = 1) -> TTSClient:
+        # One attempt per connect by default: LiveKit's retry policy (conn_options) owns retries;
+        # within one attempt a refusing or unreachable replica is still skipped for the next.
+        return TTSClient(
+            self.url if isinstance(self.url, str) else list(self.url),
+            api_key=self.api_key,
+            cancel_timeout=self.cancel_timeout,
+            connect_attempts=connect_attempts,
+            discover=self.discover,
+            resolver=self.resolver,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +194,7 @@ class _ClientPool:
         self._lock = asyncio.Lock()
 
     def _new_client(self) -> TTSClient:
-        # One attempt per connect: LiveKit's retry policy (conn_options) owns retries.
-        return TTSClient(
-            self._opts.url,
-            api_key=self._opts.api_key,
-            cancel_timeout=self._opts.cancel_timeout,
-            connect_attempts=1,
-        )
+        return self._opts.client()
 
     def _limit(self, client: TTSClient) -> int:
         # Never more leases than the server allows live contexts on one connection.
@@ -234,7 +244,8 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
     """Streaming TTS on a streamvox server, with aligned transcripts and acknowledged cancel.
 
     Args:
-        url: the server's WebSocket endpoint.
+        url: the server's WebSocket endpoint, or a list of replicas' endpoints (each new connection
+            goes to the less loaded of two, ``/readyz``; a refusing or draining one is skipped).
         api_key: sent as ``Authorization: Bearer``; never put in messages.
         voice: a voice name the server knows (default: the server's default voice).
         sample_rate: output rate; the server resamples.
@@ -246,12 +257,14 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
         cancel_timeout: how long a cancel waits for the server's ack before the socket is dropped.
         max_streams_per_connection: leases per pooled client before another socket is opened
             (keep it at or below the server's ``--max-contexts``).
+        discover: ``url``'s host name resolves to one address per replica (a headless Service).
+        resolver: ``async (host, port) -> [address, ...]`` in place of the system resolver.
     """
 
     def __init__(
         self,
         *,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         api_key: str | None = None,
         voice: str | None = None,
         sample_rate: int = DEFAULT_SAMPLE_RATE,
@@ -259,6 +272,8 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
         persistent_connection: bool = True,
         cancel_timeout: float = 1.0,
         max_streams_per_connection: int = 8,
+        discover: bool = False,
+        resolver: _Resolver | None = None,
     ) -> None:
         if sample_rate not in P.SAMPLE_RATES:
             raise ValueError(f"sample_rate {sample_rate} is not supported; use one of {list(P.SAMPLE_RATES)}")
@@ -268,7 +283,7 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
             num_channels=1,
         )
         self._opts = _TTSOptions(
-            url=url,
+            url=url if isinstance(url, str) else tuple(url),
             api_key=api_key,
             voice=voice,
             sample_rate=sample_rate,
@@ -276,6 +291,8 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
             persistent=persistent_connection,
             cancel_timeout=cancel_timeout,
             max_streams_per_connection=max_streams_per_connection,
+            discover=discover,
+            resolver=resolver,
         )
         self._pools: dict[tuple[str, str | None], _ClientPool] = {}
         self._background: set[asyncio.Task] = set()
@@ -356,7 +373,7 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
                 pool = self._pool(opts)
                 client, reused = await pool.get()
                 return _Lease(client, reused, pool)
-            client = TTSClient(opts.url, api_key=opts.api_key, cancel_timeout=opts.cancel_timeout, connect_attempts=1)
+            client = opts.client()
             try:
                 await client.connect()
             except BaseException:

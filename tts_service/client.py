@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AudioFrame",
     "CancelResult",
+    "Replica",
+    "ReplicaSet",
+    "Resolver",
     "TTSClient",
     "TTSConnectionError",
     "TTSContext",

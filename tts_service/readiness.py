@@ -3,9 +3,10 @@
 Both the clients' replica placement (``tts_service.replicas``) and the HAProxy agent-check
 responder (``tts_service.haproxy_agent``) read ``/readyz`` and need the same two answers: may a
 new context go there at all, and how loaded is it (0..1). The server's body has changed shape
-over time, so the reading is tolerant: a float ``load`` in 0..1 is the server's own figure
-(``streamvox_load``); older servers report ``load`` as a count of busy streams, which is turned
-into a share of ``capacity_streams``; anything else falls back to ``active_streams`` over capacity.
+over time, so the reading is tolerant: ``load`` in 0..1 is the server's own figure
+(``streamvox_load``; such servers also report ``busy_streams``); older servers report ``load`` as
+a count of busy streams, which is turned into a share of ``capacity_streams``; anything else falls
+back to ``active_streams`` over capacity.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def load_of(body: dict[str, Any]) -> float:
     """The replica's load in 0..1 from a ``/readyz`` body (see the module docstring)."""
     load = body.get("streamvox_load", body.get("load"))
     capacity = _number(body.get("capacity_streams"))
-    if isinstance(load, float) and 0.0 <= load <= 1.0:
-        share = load
+    fraction = isinstance(load, float) or "busy_streams" in body  # a server that reports its own share
+    if fraction and _number(load) is not None:
+        share = float(load)
     elif _number(load) is not None and capacity:
         share = float(load) / capacity
     elif _number(body.get("active_streams")) is not None and capacity:

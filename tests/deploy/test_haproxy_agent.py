@@ -44,6 +44,9 @@ async def test_an_unreachable_replica_is_down() -> None:
     ("status", "body", "line"),
     [
         (200, {"ready": True, "load": 0.25, "capacity_streams": 8}, "ready up 75%\n"),
+        # today's server: load is its own share (streamvox_load), beside busy_streams
+        (200, {"ready": True, "load": 0, "busy_streams": 0, "capacity_streams": 4}, "ready up 100%\n"),
+        (200, {"ready": True, "load": 0.5, "busy_streams": 2, "capacity_streams": 4}, "ready up 50%\n"),
         (200, {"ready": True, "load": 2, "capacity_streams": 8, "active_streams": 3}, "ready up 75%\n"),
         (200, {"ready": True, "load": 0.999, "capacity_streams": 8}, "ready up 1%\n"),  # never weight 0 while ready
         (503, {"ready": False, "load": 8, "capacity_streams": 8}, "drain\n"),  # full
