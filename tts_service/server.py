@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .protocol import CloseCode, ErrorCode, Limits, ProtocolError
 from .runtime import Synthesizer
 from .scheduler import Output, Overloaded
-from .ws import OUTBOX_HIGH_WATER, YIELD_EVERY, Connection, close_ws
+from .ws import OUTBOX_HIGH_WATER, YIELD_EVERY, Connection
 
 log = logging.getLogger(__name__)
 _Connection = Connection  # the name tests (and older code) patch
@@ -209,11 +209,9 @@ class Server:
         await asyncio.gather(*(conn.flushed(1.0) for conn in conns))
         for conn in conns:
             conn.close()
+            conn.start_close(CloseCode.GOING_AWAY, "server shutting down")
             self.synth.metrics.connections_closed.labels("drained").inc()
-        await asyncio.gather(
-            *(close_ws(c.ws, c.transport, CloseCode.GOING_AWAY, "server shutting down") for c in conns),
-            return_exceptions=True,
-        )
+        await asyncio.gather(*(conn.wait_closed() for conn in conns))
 
     async def admin_drain(self, request: web.Request) -> web.Response:
         """``POST /v1/admin/drain`` (API key required): start the SIGTERM drain from outside."""
@@ -286,6 +284,7 @@ class Server:
             conn.close()
             self._connections.discard(conn)
             self.synth.metrics.connections.set(len(self._connections))
+            await conn.wait_closed()  # before the writer is cancelled (see wait_closed)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
         return ws

@@ -162,7 +162,23 @@ class Connection:
         self._outbox.clear()
         self._outbox_bytes = self._queued_frames = 0
         self.close_reason = reason
-        self._closing = asyncio.get_running_loop().create_task(close_ws(self.ws, self.transport, code, reason))
+        self.start_close(code, reason)
+
+    def start_close(self, code: int, reason: str) -> asyncio.Task:
+        """Begin the close handshake in the background (once); :meth:`wait_closed` awaits it."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(close_ws(self.ws, self.transport, code, reason))
+        return self._closing
+
+    async def wait_closed(self) -> None:
+        """Let a close started by :meth:`start_close` finish (bounded by ``CLOSE_WAIT_S``).
+
+        The handler must wait for it before it cancels the writer or returns: a writer cancelled
+        while it waits for the socket to drain cancels aiohttp's drain future, which the close
+        shares (the close then aborts), and a returned handler closes the socket with unread
+        input, which resets it; either way the peer never reads the close frame."""
+        if self._closing is not None:
+            await asyncio.gather(self._closing, return_exceptions=True)
 
     # -- sink protocol, one adapter per context
     def sink(self, ctx_id: str) -> _ContextSink:

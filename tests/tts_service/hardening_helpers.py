@@ -48,7 +48,8 @@ class NonReadingPeer:
             head += chunk
         if b" 101 " not in head.split(b"\r\n", 1)[0]:
             raise ConnectionError(f"handshake refused: {head[:80]!r}")
-        self.sock.settimeout(5.0)
+        # a short send timeout: a server that stopped reading our input must not block us for long
+        self.sock.settimeout(1.0)
 
     def send_text(self, text: str) -> bool:
         """Send one masked text frame; False once the server has closed the connection."""
