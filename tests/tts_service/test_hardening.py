@@ -307,3 +307,53 @@ async def test_load_in_0_to_1_on_readyz_and_metrics(engine: PiperEngine) -> None
         for cid in ("a", "b"):
             await conn.send(P.cancel(cid))
             await conn.expect(MsgType.CANCELLED, context_id=cid)
+
+
+# ---------------------------------------------------------------- the wire format's side of it
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ('{"type":"ping","id":NaN}', "NaN is not valid JSON"),
+        ('{"type":"ping","id":1e999}', "out of range"),
+        ('{"type":"ping","id":' + "1" * 4301 + "}", "4301 digits"),
+        ('{"type":"text","context_id":"a","text":"\\u0000"}', "NUL"),
+        ('{"type":"start","context_id":"a","text":"x\\udc00y"}', "lone surrogate (\\udc00) at position 1"),
+        ('{"type":"ping","id":"' + "x" * 1100 + '"}', "at most 1024"),
+    ],
+)
+def test_parse_refuses_what_cannot_be_answered_in_strict_json(raw: str, fragment: str) -> None:
+    with pytest.raises(P.ProtocolError) as info:
+        P.parse_client_message(raw)
+    assert info.value.code == ErrorCode.BAD_REQUEST and fragment in info.value.message
+    assert info.value.msg_type in (None, "ping", "text", "start")
+
+
+def test_a_valid_surrogate_pair_and_big_numbers_within_bounds_are_fine() -> None:
+    msg = P.parse_client_message('{"type":"text","context_id":"a","text":"\\ud83d\\ude00 ok"}')
+    assert msg.text == "😀 ok"
+    assert P.parse_client_message('{"type":"ping","id":' + "7" * 300 + "}").ping_id == int("7" * 300)
+    with pytest.raises(ValueError):
+        P.pong(float("nan"))  # never NaN on the wire, even if a caller gets one past the parser
+    assert Limits(max_text_chars=1_000_000).message_cap() == 12 * 1_000_000 + 4096
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--api-key-file", "/nonexistent/key"], "cannot read --api-key-file"),
+        (["--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
+    ],
+)
+def test_serve_option_errors_are_one_line(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture, tmp_path
+) -> None:
+    from tts_service.cli import main
+
+    assert main(["serve", *args]) == 2
+    assert fragment in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert main(["serve", "--api-key-file", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
