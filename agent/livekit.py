@@ -29,6 +29,9 @@ How it maps onto the framework (read from the 1.8.9 source):
   may start on the client whose previous context still waits for its cancel ack. A new socket
   is opened only when every pooled client holds ``max_streams_per_connection`` leases.
   ``acquire_time`` and ``connection_reused`` are reported in ``TTSMetrics``.
+* **Replicas.** ``url`` may be a list of replicas, or one DNS name with ``discover=True``: every
+  pooled ``TTSClient`` places its connection on the less loaded of two replicas, skips one that
+  refuses, drains or does not answer, and replaces a draining connection between turns.
 * Errors are translated once, at this boundary, into ``APIError`` subclasses (``from None``,
   no key or query string in messages).
 """
@@ -85,6 +88,8 @@ _STATUS = {
     P.ErrorCode.TEXT_TOO_LONG: 413,
     P.ErrorCode.TOO_MANY_CONTEXTS: 429,
     P.ErrorCode.OVERLOADED: 503,
+    P.ErrorCode.DRAINING: 503,
+    P.ErrorCode.SHUTTING_DOWN: 503,
     P.ErrorCode.INTERNAL: 500,
 }
 
@@ -158,9 +163,10 @@ def _translate(exc: BaseException, api_key: str | None) -> APIError:
         return APITimeoutError("streamvox: timed out waiting for the TTS server")
     if isinstance(exc, TTSConnectionError):
         return APIConnectionError(f"streamvox: {_clean(exc.message, api_key)}")
-    if isinstance(exc, TTSOverloaded):
+    if isinstance(exc, TTSOverloaded):  # overloaded or draining: nothing was spoken, retry (elsewhere)
+        state = "draining" if exc.code == P.ErrorCode.DRAINING else "overloaded"
         return APIStatusError(
-            f"streamvox server overloaded, retry in {exc.retry_after_ms} ms: {_clean(exc.message, api_key)}",
+            f"streamvox server {state}, retry in {exc.retry_after_ms} ms: {_clean(exc.message, api_key)}",
             status_code=503,
             retryable=True,
         )

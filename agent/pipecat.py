@@ -12,10 +12,19 @@ What it does differently from Pipecat's stock WebSocket TTS services, and why:
   byte. Here an interruption is a protocol ``cancel`` on the same socket; the socket is replaced
   only when it really fails (the receive loop ends, a send fails, or a cancel is never
   acknowledged), through ``WebsocketService``'s reconnect with exponential backoff.
+* **Replicas.** ``url`` may be a list of replicas (or, with ``discover=True``, one DNS name with an
+  address per replica). A connection goes to the less loaded of two (their ``/readyz``); one that
+  refuses or does not answer is backed off. When the server announces its drain, the turn in
+  progress plays to its end and the socket is replaced *between turns* by one on another replica
+  (without ending the receive loop, so Pipecat's quick-failure tracking never sees a drop). A
+  socket that dies mid-turn ends that turn with an ``ErrorFrame`` (its audio is never replayed);
+  ``WebsocketService``'s reconnect then places the next connection elsewhere.
 * **Tokens in, segmentation on the server.** ``TextAggregationMode.TOKEN``: every LLM token is sent
   as it arrives; the server segments and starts audio after the first clause. Each Pipecat audio
   context (one LLM turn, or one ``TTSSpeakFrame``) is one protocol context, ended with ``end`` by
   ``flush_audio`` at the end of the turn.
+* **One protocol session.** Contexts, the stream->context gate and acks are the shared, I/O-free
+  ``tts_service.session.ClientSession`` (one per connection), as in ``TTSClient`` and the bench.
 * **Cancel without delay, ack in the background.** ``on_audio_context_interrupted`` runs before the
   ``InterruptionFrame`` continues to the output transport, so it must not wait for a round trip.
   It gates the context at once (every later frame of it is dropped here and counted in

@@ -25,6 +25,7 @@ from tests.livekit.helpers import (
     TaggingAgent,
     running_server,
 )
+from tts_service.localproc import free_port
 
 SHORT = "Sure, I can help with that."
 LONG = (
@@ -107,6 +108,20 @@ async def test_synthesize_one_shot(lk_server: RunningServer) -> None:
     assert frame.sample_rate == 16000 and 1.0 < frame.duration < 5.0
     m = events.metrics[0]
     assert not m.streamed and 0.0 < m.ttfb < 5.0 and m.connection_reused
+
+
+async def test_a_replica_list_skips_a_dead_replica(lk_server: RunningServer) -> None:
+    dead = f"ws://127.0.0.1:{free_port()}/v1/stream"
+    tts = StreamvoxTTS(url=[dead, lk_server.url], sample_rate=16000)
+    try:
+        for _ in range(2):
+            async with tts.synthesize(SHORT) as chunked:
+                frame = await chunked.collect()
+            assert frame.duration > 0.5
+        # one pooled connection, placed on the replica that answers, kept for the second turn
+        assert tts.connections_opened == 1
+    finally:
+        await tts.aclose()
 
 
 async def test_aclose_cancels_on_the_server_and_keeps_the_connection(lk_server: RunningServer) -> None:

@@ -7,6 +7,7 @@ interrupted context after the ``InterruptionFrame``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import numpy as np
@@ -28,7 +29,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.tests.utils import SleepFrame, run_test
 
 from agent.pipecat import StreamvoxTTSService
-from tests.pipecat.harness import RealtimePlayer, llm_reply
+from tests.pipecat.harness import RealtimePlayer, counting_server, llm_reply
 
 METRICS = PipelineParams(enable_metrics=True, report_only_initial_ttfb=False)
 
@@ -215,3 +216,33 @@ async def test_server_down_is_reported_without_dialling_per_token(unused_tcp_por
     assert sum("not connected" in e for e in errors) == 2, errors  # one per turn, not one per token
     assert tts._connect_failures <= 3  # set-up, then at most one attempt per turn (backoff)
     assert tts.is_usable, "a server that is down may come back: not a fatal error"
+
+
+async def test_replicas_skip_a_dead_one_and_a_drain_moves_between_turns(engine, unused_tcp_port):
+    dead = f"ws://127.0.0.1:{unused_tcp_port}/v1/stream"
+    async with counting_server(engine) as a, counting_server(engine) as b:
+        by_url = {a.ws_url: a, b.ws_url: b}
+        tts = StreamvoxTTSService(url=[dead, a.ws_url, b.ws_url], sample_rate=16000, pace=False)
+        drained: list[str] = []
+
+        async def drain_after_the_first_turn() -> None:
+            # between turns (the first context finished, the second not begun): drain its replica
+            while not (tts.stats.contexts == 1 and not tts._session.open_contexts and tts._replica is not None):
+                await asyncio.sleep(0.02)
+            drained.append(tts._replica.url)
+            by_url[tts._replica.url].server.start_drain()
+
+        watcher = asyncio.create_task(drain_after_the_first_turn())
+        frames = [*llm_reply("Hello there, how are you?"), SleepFrame(sleep=2.5), *llm_reply(NEXT_REPLY)]
+        try:
+            down, up = await run_test(tts, frames_to_send=[*frames, SleepFrame(sleep=2.5)])
+        finally:
+            watcher.cancel()
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    contexts = list(dict.fromkeys(f.context_id for f in _audio(down)))
+    assert len(contexts) == 2 and not errors, (contexts, errors)  # both turns spoken, nothing failed
+    assert drained, "the first turn never finished"
+    other = b if drained[0] == a.ws_url else a
+    assert tts.stats.drains >= 1 and tts.stats.contexts_lost == 0
+    assert other.ws_connections == 1, "the second turn went to the replica that was not draining"
+    assert tts._replica is not None and tts._replica.url == other.ws_url
