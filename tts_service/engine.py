@@ -269,16 +269,20 @@ class PiperEngine:
         phonemes = [p for p in self._phonemize(v, text) if p in v.id_map]
         if not any(p not in _NON_SOUNDS and p != " " for p in phonemes):
             return None
-        ids = _phonemes_to_ids(phonemes, v.id_map)
-        x = np.asarray([ids], dtype=np.int64)
-        z, durations = v.front.run(
-            [DEC_IN, DURATIONS],
-            {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": v.scales},
-            run_options,
-        )
+        z, durations = v.front.run([DEC_IN, DURATIONS], self._feed(v, phonemes), run_options)
         durations = durations.reshape(-1)
         words = self._word_times(v, text, phonemes, durations)
         return Prepared(text=text, z=z.astype(np.float32, copy=False), words=words, voice=name)
+
+    @staticmethod
+    def _feed(v: _Voice, phonemes: list[str]) -> dict[str, np.ndarray]:
+        x = np.asarray([_phonemes_to_ids(phonemes, v.id_map)], dtype=np.int64)
+        return {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": v.scales}
+
+    def front_feed(self, text: str, voice: str | None = None) -> dict[str, np.ndarray]:
+        """The front part's inputs for ``text`` (benchmarks run the part alone)."""
+        v = self.voices[self.resolve(voice)]
+        return self._feed(v, [p for p in self._phonemize(v, text) if p in v.id_map])
 
     def _word_times(
         self, v: _Voice, text: str, phonemes: list[str], durations: np.ndarray
