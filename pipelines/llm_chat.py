@@ -99,6 +99,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 @dataclass(slots=True)
 class _Slot:
     ids: list[int] = field(default_factory=list)  # tokens whose keys/values the slot holds, in order
+    prompt_len: int = 0  # how many of them were the last request's prompt (the rest: its reply)
     used: float = 0.0
 
 
@@ -138,22 +139,23 @@ class ChatEngine:
     def reset(self) -> None:
         """Forget every cached conversation (the next request is a full prefill)."""
         for s in self.slots:
-            s.ids, s.used = [], 0.0
+            s.ids, s.prompt_len, s.used = [], 0, 0.0
 
     def _place(self, prompt: list[int]) -> tuple[int, int]:
         """(slot, tokens of ``prompt`` already cached there), copying a shared prefix when branching.
 
-        The slot with the longest common prefix continues in place when the prompt keeps at
-        least half of what it holds (the same conversation, maybe with a cut reply). Otherwise
-        this is another conversation that merely shares a beginning (the system prompt): it
-        takes the least recently used other slot, with the shared prefix's keys/values copied
-        over, so the first conversation's cache survives.
+        The slot with the longest common prefix continues in place when the new prompt holds
+        that slot's whole last prompt: the same conversation, its reply kept whole, cut to what
+        was played, or re-tokenised. Otherwise this is another conversation that merely shares
+        a beginning (the system prompt), or an edited history: it takes the least recently used
+        other slot, with the shared prefix's keys/values copied over (a copy, not a recompute),
+        so the first conversation's cache survives.
         """
         matches = [common_prefix(s.ids, prompt) for s in self.slots]
         best = max(range(len(self.slots)), key=lambda i: (matches[i], self.slots[i].used))
         n = matches[best]
         others = [i for i in range(len(self.slots)) if i != best or n == 0]
-        if not others or (n > 0 and 2 * n >= len(self.slots[best].ids)):
+        if not others or (n > 0 and n >= self.slots[best].prompt_len):
             return best, n
         target = min(others, key=lambda i: self.slots[i].used)  # a free slot (used 0) first
         if n == 0:
@@ -183,7 +185,7 @@ class ChatEngine:
         reused = min(reused, len(prompt) - 1)  # the last prompt token must run: its logits pick the first reply token
         stats = self.last = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused, slot=slot_i)
         slot.ids = prompt[:reused]  # what stays valid whatever happens below
-        slot.used = time.monotonic()
+        slot.prompt_len, slot.used = len(prompt), time.monotonic()
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         seen = torch.zeros(m.cfg.vocab_size, dtype=torch.bool)
         seen[torch.tensor(prompt)] = True

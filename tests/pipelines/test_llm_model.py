@@ -266,3 +266,26 @@ def test_seeded_sampling_is_reproducible(llm: LocalLLM) -> None:
     llm.engine.reset()
     greedy = list(llm.engine.generate(ids, Sampling(max_tokens=12), eos_ids=llm.tokenizer.eos_ids))
     assert greedy not in (runs[0], runs[2]) or runs[0] != runs[2]  # sampling is not greedy in disguise
+
+
+def test_two_calls_sharing_a_long_system_prompt_keep_their_own_caches(llm: LocalLLM) -> None:
+    """The demo's system prompt is most of a first turn's prompt: a second caller must branch
+    off it (the shared part copied) rather than overwrite the first caller's slot."""
+    eng = llm.engine
+    eng.reset()
+    system = {
+        "role": "system",
+        "content": "You are a friendly voice assistant on a phone or video call. Your replies are spoken "
+        "aloud: answer in one to three short sentences of plain conversational English, with no lists, "
+        "no markdown, no emoji and no special characters. If you did not understand, ask briefly.",
+    }
+    calls = {name: [system, {"role": "user", "content": ask}] for name, ask in (("a", "Hi!"), ("b", "Hello?"))}
+    for name in ("a", "b"):
+        reply = _reply(eng, llm, calls[name])
+        calls[name].append({"role": "assistant", "content": llm.tokenizer.tokenizer.decode(reply)})
+    assert eng.last.reused_tokens > 40  # b's first turn started from a's copy of the system prompt
+    for name in ("a", "b"):
+        calls[name].append({"role": "user", "content": "What can you do?"})
+        _reply(eng, llm, calls[name])
+        first_prompt = len(llm.tokenizer.encode_chat(calls[name][:2]))
+        assert eng.last.reused_tokens > first_prompt, name  # its whole first turn came from its slot
