@@ -18,8 +18,9 @@ const MIC_ON_FRAMES = 3; // 30 ms above the threshold start a caller burst (a cl
 const MIC_END_S = 0.5; // a caller burst ends after this much quiet
 const BOT_ON_DB = -50; // agent audible
 const BOT_END_S = 0.6; // longer than the voice's pauses between sentences
-const YIELD_DB = 20; // "yield": the agent this much quieter than just before the onset...
-const YIELD_HOLD_S = 0.15; // ...for at least this long (a pause between words is not a yield)
+const YIELD_DB = 20; // "yield": the agent this much quieter than just before the onset, from
+// then until its audio is gone (so a pause between words that it talks on after is no yield)
+const KEPT_TALKING_S = 2.5; // still loud this long after the onset: it did not yield at all
 const PAIR_WINDOW_S = 3; // a server figure and a page figure this close in time are one turn
 const CHART_S = 10;
 const RTVI_VERSION = "2.2.0";
@@ -125,6 +126,11 @@ async function connect() {
   svx.headphones = ui.headphones.checked;
   setState("working", "asking for the microphone…");
   const processing = !svx.headphones; // the browser's echo cancellation and its companions
+  if (!window.isSecureContext || !navigator.mediaDevices) {
+    return fail(`Browsers give the microphone only to secure pages: open http://localhost:${location.port || 80}/ on the machine that runs the agent (or serve this page over HTTPS).`);
+  }
+  if (!window.RTCPeerConnection) return fail("This browser has no WebRTC (RTCPeerConnection).");
+  await startAudio();
   let stream;
   try {
     stream = await navigator.mediaDevices.getUserMedia({
@@ -137,9 +143,9 @@ async function connect() {
     if (e.name === "NotFoundError") return fail("No microphone was found. Plug one in, then press Connect again.");
     return fail(`The microphone could not be opened: ${e.name}: ${e.message}`);
   }
-  if (!navigator.mediaDevices || !window.RTCPeerConnection) return fail("This browser has no WebRTC.");
+  svx.micStartedAt = audio.ctx.currentTime; // a fake-file microphone starts playing now
   conn.stream = stream;
-  await startAudio(stream);
+  audio.ctx.createMediaStreamSource(stream).connect(audio.node, 0, 0);
 
   setState("working", "reaching the agent…");
   let sessionId;
@@ -243,7 +249,7 @@ function teardown() {
 }
 
 // ---------------------------------------------------------------- audio: levels and recording
-async function startAudio(stream) {
+async function startAudio() {
   if (!audio.ctx) {
     audio.ctx = new AudioContext({ sampleRate: 48000 });
     await audio.ctx.audioWorklet.addModule("assets/levels-worklet.js");
@@ -258,8 +264,6 @@ async function startAudio(stream) {
     };
   }
   await audio.ctx.resume();
-  svx.micStartedAt = audio.ctx.currentTime;
-  audio.ctx.createMediaStreamSource(stream).connect(audio.node, 0, 0);
 }
 
 function attachBot(stream) {
@@ -361,18 +365,21 @@ function onMicStart(t) {
   if (det.bot.on && !det.barge) {
     const before = det.recent.filter((r) => r.t < t && r.botDb > BOT_ON_DB);
     const pre = before.length ? before.reduce((a, r) => a + r.botDb, 0) / before.length : BOT_ON_DB;
-    det.barge = { onset: t, pre, quietSince: null, yieldAt: null };
+    det.barge = { onset: t, pre, quietSince: null };
   }
 }
 
 function trackYield(t, botDb) {
   const g = det.barge;
-  if (!g || g.yieldAt !== null || t < g.onset) return;
+  if (!g || t < g.onset) return;
   if (botDb <= g.pre - YIELD_DB) {
     if (g.quietSince === null) g.quietSince = t - 0.01;
-    if (t - g.quietSince >= YIELD_HOLD_S) g.yieldAt = g.quietSince;
   } else {
     g.quietSince = null;
+    if (t - g.onset > KEPT_TALKING_S) {
+      det.barge = null;
+      addPageRecord({ kind: "barge-in", t, onset: g.onset, silence_ms: null, yield_ms: null, kept_talking: true });
+    }
   }
 }
 
@@ -386,7 +393,7 @@ function onBotStop(last) {
     t: gone,
     onset: g.onset,
     silence_ms: ms(gone - g.onset),
-    yield_ms: ms((g.yieldAt !== null && g.yieldAt < gone ? g.yieldAt : gone) - g.onset),
+    yield_ms: ms(Math.min(g.quietSince === null ? gone : g.quietSince, gone) - g.onset),
     interrupted: det.interruptedAt >= g.onset - 0.5, // the agent said it was interrupted
   });
 }
@@ -513,6 +520,7 @@ function render(rec) {
   let page;
   if (rec.unpaired) page = "—";
   else if (rec.kind === "turn") page = `voice-to-voice <b>${rec.v2v_ms} ms</b>`;
+  else if (rec.kept_talking) page = "the agent kept talking";
   else page = `yield <b>${rec.yield_ms} ms</b>, silent <b>${rec.silence_ms} ms</b>`;
   let server = "";
   if (rec.server) {

@@ -82,7 +82,9 @@ def make_mic_wav(path: Path) -> MicPlan:
     def speak(text: str) -> np.ndarray:
         chunks = list(voice.synthesize(text))
         pcm = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
-        return soxr.resample(pcm, chunks[0].sample_rate, MIC_RATE).astype(np.float32)
+        pcm = soxr.resample(pcm, chunks[0].sample_rate, MIC_RATE).astype(np.float32)
+        voiced = np.flatnonzero(np.abs(pcm) > 0.01)  # so that the plan's times are the speech's own
+        return pcm[voiced[0] : voiced[-1] + 1]
 
     def silence(s: float) -> np.ndarray:
         return np.zeros(int(s * MIC_RATE), dtype=np.float32)
@@ -254,10 +256,29 @@ class Session:
             u for u in self.requests if urlparse(u).scheme not in ("data", "blob") and urlparse(u).hostname not in local
         ]
 
+    def from_file(self) -> dict[str, float | None]:
+        """The same figures timed from the microphone file's own speech times instead of the page's
+        mic energy (which echo cancellation alters): a cross-check, and the only way to time a
+        barge-in that the processed mic signal hid."""
+
+        def after(t_mic: float) -> float | None:
+            t = self.page_t(t_mic)
+            start = next((seg["start"] for seg in self.page["botSegments"] if seg["start"] > t), None)
+            return None if start is None else round(1000 * (start - t))
+
+        b0 = self.page_t(self.plan.barge_in[0])
+        cut = next((seg for seg in self.page["botSegments"] if seg["start"] < b0 and (seg["end"] or 1e9) > b0), None)
+        return {
+            "barge_in_silence_ms": round(1000 * (cut["end"] - b0)) if cut and cut["end"] else None,
+            "barge_in_reply_v2v_ms": after(self.plan.barge_in[1]),
+            "answer_v2v_ms": after(self.plan.question[1]),
+        }
+
     def figures(self) -> dict[str, Any]:
         """The numbers of this session (page and server side), JSON-ready."""
         b, a = self.barge_in(), self.answer()
         return {
+            "from_file": self.from_file(),
             "headphones": self.page.get("headphones"),
             "barge_in": b and {k: b.get(k) for k in ("yield_ms", "silence_ms", "interrupted", "server")},
             "answer": a and {"v2v_ms": a["v2v_ms"], "server": a.get("server")},

@@ -1,0 +1,130 @@
+"""The browser scenario N times each way: figures at the page, the server's stages beside them.
+
+The demo (``python -m pipelines.pipecat_agent``, started once) and headless Chromium with the
+fake-microphone file of ``tests/browser`` (silence; speech over the greeting; silence; a
+question), ``--runs`` sessions with headphones (echo cancellation off) and ``--runs`` with the
+browser's echo cancellation on. Each session gives one barge-in (over the greeting) and two
+replies (to the barge-in, to the question). Printed and written as JSON:
+
+* at the page: voice-to-voice (end of the caller's speech -> first bot audio), barge-in yield
+  (onset -> bot 20 dB quieter) and silence (onset -> bot audio gone), median and p95;
+* the server's stages of the same turns (median), from the figures it sent the page.
+
+    .venv/bin/python scripts/browser_scenario.py --runs 5 --json out/browser_scenario.json
+
+``LLM_BASE_URL`` / ``TTS_URL`` in the environment are passed to the demo (a real LLM, a remote
+TTS server), as with ``make demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.browser.harness
+
+from tests.browser import harness as H  # the test's scenario, not a copy of it
+from tts_service.bench.stats import median, percentile, rnd
+
+TURN_STAGES = ("vad_stop", "stt_final", "end_of_turn", "llm_first_token", "tts_first_audio", "transport_first_audio")
+BARGE_STAGES = ("vad_start", "interruption", "bot_stopped", "cancel_ack")
+
+
+def _stats(values: list[float]) -> dict[str, float | int | None]:
+    return {"median": rnd(median(values)), "p95": rnd(percentile(values, 95)), "n": len(values)}
+
+
+def _stage_medians(servers: list[dict], keys: tuple[str, ...]) -> dict[str, float | None]:
+    out = {k: rnd(median([s[k] for s in servers if s.get(k) is not None])) for k in keys}
+    if keys is TURN_STAGES:
+        out["tts_ttfb"] = rnd(median([s["tts_ttfb"] for s in servers if s.get("tts_ttfb") is not None]))
+    return out
+
+
+def summarise(sessions: list[dict]) -> dict:
+    """One mode's figures from its sessions' ``Session.figures()``."""
+    turns = [t for s in sessions for t in s["turns"]]
+    barges = [s["barge_in"] for s in sessions if s["barge_in"]]
+    files = [s["from_file"] for s in sessions]
+    file_v2v = [f[k] for f in files for k in ("barge_in_reply_v2v_ms", "answer_v2v_ms") if f[k] is not None]
+    return {
+        "sessions": len(sessions),
+        "voice_to_voice_ms": _stats([t["v2v_ms"] for t in turns]),
+        "voice_to_voice_server_stages_ms": _stage_medians([t["server"] for t in turns if t.get("server")], TURN_STAGES),
+        "barge_in_yield_ms": _stats([b["yield_ms"] for b in barges]),
+        "barge_in_silence_ms": _stats([b["silence_ms"] for b in barges]),
+        "barge_in_server_stages_ms": _stage_medians([b["server"] for b in barges if b.get("server")], BARGE_STAGES),
+        "barge_ins_missed": len(sessions) - len(barges),
+        # timed from the mic file's own speech instead of the page's (processed) mic signal
+        "voice_to_voice_from_file_ms": _stats(file_v2v),
+        "barge_in_silence_from_file_ms": _stats([f["barge_in_silence_ms"] for f in files if f["barge_in_silence_ms"]]),
+    }
+
+
+def _line(name: str, st: dict) -> str:
+    return f"  {name:<26} median {st['median']!s:>7} ms   p95 {st['p95']!s:>7} ms   (n={st['n']})"
+
+
+def report(mode: str, s: dict) -> str:
+    stages = ", ".join(f"{k} {v}" for k, v in s["voice_to_voice_server_stages_ms"].items())
+    bstages = ", ".join(f"{k} {v}" for k, v in s["barge_in_server_stages_ms"].items())
+    return "\n".join(
+        [
+            f"{mode}: {s['sessions']} sessions, {s['barge_ins_missed']} without a barge-in measured at the page",
+            _line("voice-to-voice at page", s["voice_to_voice_ms"]),
+            f"    server stages (median ms after the caller's speech end): {stages}",
+            _line("barge-in yield at page", s["barge_in_yield_ms"]),
+            _line("barge-in silence at page", s["barge_in_silence_ms"]),
+            f"    server stages (median ms after the caller's speech onset): {bstages}",
+            "  timed from the microphone file's speech instead of the page's mic signal:",
+            _line("voice-to-voice", s["voice_to_voice_from_file_ms"]),
+            _line("barge-in silence", s["barge_in_silence_from_file_ms"]),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="sessions per mode (default 5)")
+    parser.add_argument("--modes", default="headphones,echo-cancellation", help="comma-separated, in this order")
+    parser.add_argument("--json", type=Path, default=H.OUT / "scenario.json")
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = set(modes) - {"headphones", "echo-cancellation"}
+    if unknown or args.runs < 1:
+        parser.error(f"--modes takes headphones and/or echo-cancellation (not {sorted(unknown)}); --runs >= 1")
+    paths = H.chromium_paths()
+    if isinstance(paths, str):
+        print(f"browser_scenario: {paths}", file=sys.stderr)
+        return 2
+    plan = H.make_mic_wav(H.OUT / "mic.wav")
+    results: dict[str, dict] = {}
+    raw: dict[str, list] = {}
+    t0 = time.monotonic()
+    with H.Demo() as demo:
+        for mode in modes:
+            raw[mode] = []
+            for i in range(args.runs):
+                s = H.run_session(
+                    demo.base, plan, headphones=mode == "headphones", browser=paths[0], driver_path=paths[1]
+                )
+                if s.page.get("state") != "connected":
+                    print(f"{mode} run {i + 1}: the page failed: {s.page.get('error')}", file=sys.stderr)
+                    continue
+                raw[mode].append(s.figures())
+                print(f"{mode} run {i + 1}/{args.runs}: {json.dumps(raw[mode][-1], default=str)}", flush=True)
+            results[mode] = summarise(raw[mode])
+    print(f"\n{sum(len(v) for v in raw.values())} sessions in {time.monotonic() - t0:.0f} s\n")
+    for mode, s in results.items():
+        print(report(mode, s) + "\n")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"summary": results, "sessions": raw}, indent=1, default=str))
+    print(f"written: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
