@@ -53,6 +53,14 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lead-ms", type=int, default=400, help="how far paced streams run ahead of playback")
     p.add_argument("--max-streams", type=int, default=None, help="hard cap on concurrent streams")
+    p.add_argument(
+        "--capacity",
+        type=float,
+        default=0.85,
+        metavar="F",
+        help="piper: share of the synthesis worker's time admitted streams may need before new ones get "
+        "'overloaded' (default 0.85; above 1 overcommits, for tests on a busy machine)",
+    )
     p.add_argument("--max-contexts", type=int, default=16, help="live contexts per connection")
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
@@ -172,7 +180,7 @@ def serve(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
     else:
         engine = load_engine(args.voice_path, device=args.device, threads=args.threads)
-        options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams)
+        options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, capacity=args.capacity)
         synth = Synthesizer(engine, options=options)
     engine = synth.engine
     config = ServerConfig(
