@@ -178,12 +178,12 @@ async def test_admin_drain_needs_the_key_and_runs_the_same_drain(engine: PiperEn
         assert not srv.server.draining
         await conn.send(P.start("idle", pace=True))  # never gets text: live until the deadline
         await conn.expect(MsgType.STARTED, context_id="idle")
-        await conn.send(P.start("talk", text="Just a moment.", pace=True))
+        await conn.send(P.start("talk", text="Just a moment.", pace=False))  # finishes well within the drain
         await conn.send(P.end("talk"))
-        async with session.post(drain_url, headers=AUTH, json={"timeout_s": 2.5}) as resp:
+        async with session.post(drain_url, headers=AUTH, json={"timeout_s": 4}) as resp:
             assert resp.status == 202
             body = await resp.json()
-        assert body["draining"] is True and 0 < body["deadline_ms"] <= 2500 and body["active_streams"] == 2
+        assert body["draining"] is True and 0 < body["deadline_ms"] <= 4000 and body["active_streams"] == 2
         notice = await conn.expect(MsgType.DRAINING)
         assert notice["retry_after_ms"] > 0
         async with session.post(srv.http_url + P.HTTP_TTS_PATH, headers=AUTH, json={"text": "Hi."}) as resp:
