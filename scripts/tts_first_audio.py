@@ -86,6 +86,7 @@ class Result:
     turns: list[Turn] = field(default_factory=list)
     sentence_wer: list[float] = field(default_factory=list)
     sentence_transcripts: list[str] = field(default_factory=list)
+    streamvox_max_gap_ms: float = 0.0  # worst playout gap of a real-time player (StreamvoxStats.max_lag_s)
 
 
 # ---------------------------------------------------------------- the Pipecat scenario
@@ -209,6 +210,8 @@ def report(result: Result) -> None:
         for kind in ("clause", "sentence", "none"):
             print(f"  opening: {kind:<11} {_stats([t.first_audio_ms for t in turns if t.kind == kind])}")
         print(f"  first voiced sample  {_stats([t.first_voiced_ms for t in turns])}")
+        if service == "streamvox":
+            print(f"  worst playout gap after the first frame, any reply: {result.streamvox_max_gap_ms:.0f} ms")
     streamed = [t.wer for t in result.turns if t.service == "streamvox" and t.wer is not None]
     if streamed:
         mean_s, mean_r = statistics.fmean(streamed), statistics.fmean(result.sentence_wer)
@@ -244,6 +247,7 @@ async def main(argv: list[str] | None = None) -> int:
             services["pipecat PiperTTSService"] = piper
         gate = asyncio.Lock()
         runs = await asyncio.gather(*(run_service(s, texts, gate, args.token_ms / 1000) for s in services.values()))
+        result.streamvox_max_gap_ms = 1000 * services["streamvox"].stats.max_lag_s
         audio: list[np.ndarray] = []
         for name, run in zip(services, runs, strict=True):
             for (kind, text), (first_s, pcm) in zip(chosen, run, strict=True):

@@ -9,10 +9,12 @@ The head of a reply (first-segment policy):
 
 * a short **opening** clause ("Sure," "Okay," "Well," "Of course,") is a segment of its own, cut
   as soon as its punctuation arrives: the first audio then waits for one word, not for the
-  first sentence. Speakers pause there anyway, so the cut costs no prosody;
+  first sentence. Speakers pause there anyway (Whisper understands such replies as well as
+  sentence-by-sentence renders: docs/BENCHMARKS.md);
 * the segment after an opening is still the head: it is cut early at a clause, and capped at
-  ``first_max_chars`` at a word boundary that does not strand a function word, so the opening's
-  audio is followed quickly;
+  ``first_max_chars``, before a preposition or conjunction ("a table | for four people"), else
+  at a word boundary that does not strand a function word, so the opening's audio is followed
+  quickly;
 * ``cut_words`` (called by the scheduler when waiting for punctuation would leave the listener in
   silence) cuts at a word boundary that does not strand a function word either.
 
