@@ -54,6 +54,7 @@ from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
+from agent.pipecat_yield import YieldGate
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
@@ -147,7 +148,11 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     user_params = LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer(), user_turn_strategies=turn_strategies())
     pair = LLMContextAggregatorPair(context, user_params=user_params)
-    pipeline = Pipeline([transport.input(), stt, pair.user(), llm, tts, transport.output(), pair.assistant()])
+    # YieldGate: bot audio reaches the transport only 80 ms ahead of the clock, and pauses at the
+    # caller's first speech window until Pipecat's interruption confirms it (or resumes)
+    pipeline = Pipeline(
+        [transport.input(), stt, pair.user(), llm, tts, YieldGate(), transport.output(), pair.assistant()]
+    )
     figures = StageFigures(tts=tts)
     params = PipelineParams(
         audio_in_sample_rate=16000,  # what Silero and Whisper want; Twilio's 8 kHz is resampled

@@ -1,0 +1,292 @@
+"""Yield, then confirm, for Pipecat: a processor placed just before ``transport.output()``.
+
+Why a processor of ours: in Pipecat 1.14 the bot stops only on an ``InterruptionFrame``, which
+follows the user turn start (``VADUserTurnStartStrategy`` on ``VADUserStartedSpeakingFrame``,
+itself ``VADParams.start_secs`` = 0.2 s of speech above ``confidence`` 0.7 and ``min_volume``
+0.6 after the onset). And by then the TTS service has handed the output transport everything
+the server sent: streamvox paces ~400 ms ahead of real time, and the transport's audio queue
+(which the interruption resets) holds all of it. :class:`YieldGate` does two things there:
+
+* **paces** bot audio to the transport only ``lead_ms`` ahead of the clock (the rest waits here,
+  in order with the text and control frames behind it, so word-timed ``TTSTextFrame``s still
+  reach the assistant aggregator only as their audio is handed on);
+* **yields**: at the caller's first speech window (its own Silero VAD on the
+  ``InputAudioRawFrame``s that flow past, ``agent.vad.SileroVAD(report_onsets=True)``, or
+  Pipecat's ``VADUserStartedSpeakingFrame`` if that comes first) it stops handing audio on, so
+  the bot falls quiet within the ``lead_ms`` already downstream. The normal interruption
+  confirms it: on ``InterruptionFrame`` the held audio and text are dropped (uninterruptible
+  frames and control frames are kept) and the frame goes on to the transport. When no
+  interruption comes - the VAD dropped the candidate (a cough), the caller stopped, or
+  ``resume_after_ms`` passed without a VAD confirming speech (``hold_max_ms`` when one did: a
+  turn strategy such as min-words may wait for a transcript) - the gate **resumes** from the
+  first frame it held back: nothing played twice, nothing lost, and the context gets only the
+  words whose audio went out. (A first version resumed after ``resume_after_ms`` whatever the
+  VAD said; in the WebRTC room test Pipecat's own VAD, with its ``min_volume``, sometimes fired
+  ~650 ms after ours, so the bot came back for a moment before the interruption.)
+
+Figures: :attr:`YieldGate.yields` (one :class:`GateYield` per pause: onset, quiet, outcome)
+and :attr:`YieldGate.downstream_ms` (audio handed on but not yet due, sampled at each pause:
+what still plays after it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from loguru import logger
+from pipecat.frames.frames import (
+    CancelFrame,
+    DataFrame,
+    EndFrame,
+    Frame,
+    InputAudioRawFrame,
+    InterruptionFrame,
+    OutputAudioRawFrame,
+    StartFrame,
+    SystemFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+from .vad import SileroVAD, VADParams
+
+__all__ = ["GateYield", "YieldGate"]
+
+Outcome = Literal["interrupted", "resumed"]
+
+
+@dataclass(slots=True)
+class GateYield:
+    """One pause. Times are ``time.monotonic()``."""
+
+    onset_at: float  # the caller's first speech window (estimated from the audio it came in)
+    paused_at: float  # the gate stopped handing audio on
+    quiet_at: float  # the audio already handed on ran out: the bot is quiet from here
+    trigger: Literal["vad", "pipecat_vad"]
+    outcome: Outcome | None = None
+    ended_at: float | None = None
+    dropped_ms: float = 0.0  # held audio dropped by the interruption
+
+    @property
+    def yield_ms(self) -> float:
+        return 1000.0 * (self.quiet_at - self.onset_at)
+
+
+class YieldGate(FrameProcessor):
+    """Paces bot audio ``lead_ms`` ahead of the clock; pauses at the caller's speech onset.
+
+    ``vad``: our Silero VAD on the caller audio passing by (``True``: one at the input rate,
+    16 or 8 kHz); ``False`` to yield only on Pipecat's ``VADUserStartedSpeakingFrame``.
+    """
+
+    def __init__(
+        self,
+        *,
+        lead_ms: float = 80.0,
+        resume_after_ms: float = 500.0,
+        hold_max_ms: float = 2000.0,
+        vad: SileroVAD | bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if lead_ms < 10.0:
+            raise ValueError(f"lead_ms must be >= 10 (the transport writes 10 ms chunks), got {lead_ms}")
+        if resume_after_ms <= 0 or hold_max_ms <= 0:
+            raise ValueError(f"resume_after_ms and hold_max_ms must be > 0, got {resume_after_ms}, {hold_max_ms}")
+        self.lead_s = lead_ms / 1000.0
+        self.resume_after_s = resume_after_ms / 1000.0
+        self.hold_max_s = max(hold_max_ms, resume_after_ms) / 1000.0
+        self._vad: SileroVAD | None = vad if isinstance(vad, SileroVAD) else None
+        self._want_vad = vad is not False
+        if self._vad is not None:
+            self._vad.report_onsets = True
+        self._held: deque[Frame] = deque()
+        self._released_until = 0.0  # when the audio handed on so far has played out
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._pause: GateYield | None = None
+        self._resume_timer: asyncio.TimerHandle | None = None
+        self.yields: list[GateYield] = []
+        self.downstream_ms: list[float] = []
+        self._warned_rate = False
+        self._fed = 0  # caller samples given to the VAD
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def paused(self) -> bool:
+        return self._pause is not None
+
+    @property
+    def held_ms(self) -> float:
+        return 1000.0 * sum(_duration(f) for f in self._held if isinstance(f, OutputAudioRawFrame))
+
+    def _bot_speaking(self, now: float) -> bool:
+        return now < self._released_until or any(isinstance(f, OutputAudioRawFrame) for f in self._held)
+
+    # ------------------------------------------------------------------ frames
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if direction is FrameDirection.UPSTREAM:
+            await self.push_frame(frame, direction)
+            return
+        if isinstance(frame, StartFrame):
+            await self.push_frame(frame, direction)
+            self._task = self.create_task(self._release_loop(), "yield-gate-release")
+        elif isinstance(frame, InputAudioRawFrame):
+            await self.push_frame(frame, direction)
+            self._run_vad(frame)
+        elif isinstance(frame, VADUserStartedSpeakingFrame):
+            await self.push_frame(frame, direction)
+            if self._pause is not None:
+                self._hold()  # Pipecat's VAD agrees: its turn strategies decide now
+            else:
+                self._yield(time.monotonic() - float(getattr(frame, "start_secs", 0.0) or 0.0), "pipecat_vad")
+        elif isinstance(frame, VADUserStoppedSpeakingFrame):
+            await self.push_frame(frame, direction)
+            if self._vad is None or not self._vad.speaking:
+                self._resume()
+        elif isinstance(frame, InterruptionFrame):
+            self._interrupted()
+            await self.push_frame(frame, direction)
+        elif isinstance(frame, CancelFrame):
+            await self._stop_task()
+            await self.push_frame(frame, direction)
+        elif isinstance(frame, SystemFrame):
+            await self.push_frame(frame, direction)
+        else:
+            if isinstance(frame, EndFrame):
+                self._resume()  # let everything drain before the end
+            self._held.append(frame)
+            self._wake.set()
+
+    async def cleanup(self) -> None:
+        await self._stop_task()
+        await super().cleanup()
+
+    async def _stop_task(self) -> None:
+        self._cancel_timer()
+        if self._task is not None:
+            await self.cancel_task(self._task)
+            self._task = None
+
+    # ------------------------------------------------------------------ pacing
+
+    async def _release_loop(self) -> None:
+        while True:
+            if not self._held or self._pause is not None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            frame = self._held[0]
+            if isinstance(frame, OutputAudioRawFrame):
+                now = time.monotonic()
+                wait = self._released_until - self.lead_s - now
+                if wait > 0:
+                    self._wake.clear()  # a pause or an interruption may come meanwhile
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), wait)
+                    except TimeoutError:
+                        pass
+                    continue
+                self._released_until = max(now, self._released_until) + _duration(frame)
+            self._held.popleft()
+            await self.push_frame(frame)
+            if isinstance(frame, EndFrame):
+                return
+
+    # ------------------------------------------------------------------ yield, then confirm
+
+    def _run_vad(self, frame: InputAudioRawFrame) -> None:
+        if not self._want_vad or frame.num_channels != 1:
+            return
+        if self._vad is None:
+            if frame.sample_rate not in (8000, 16000):
+                if not self._warned_rate:
+                    logger.warning(f"{self}: caller audio at {frame.sample_rate} Hz; yielding on Pipecat's VAD only")
+                    self._warned_rate = True
+                return
+            self._vad = SileroVAD(VADParams(sample_rate=frame.sample_rate), report_onsets=True)
+        if frame.sample_rate != self._vad.params.sample_rate:
+            return
+        arrived = time.monotonic()
+        self._fed += len(frame.audio) // 2
+        end_s = self._fed / frame.sample_rate  # the frame's last sample, in VAD audio time, arrived now
+        for ev in self._vad.feed(frame.audio):
+            if ev.kind == "onset":
+                self._yield(arrived - max(0.0, end_s - ev.onset_s), "vad")
+            elif ev.kind == "speech_start":
+                self._hold()  # real speech: wait for Pipecat's interruption, not the short window
+            else:  # onset_dropped (a cough), speech_end (speech Pipecat did not take as a turn)
+                self._resume()
+
+    def _yield(self, onset_at: float, trigger: Literal["vad", "pipecat_vad"]) -> None:
+        now = time.monotonic()
+        if self._pause is not None or not self._bot_speaking(now):
+            return
+        head = next((f for f in self._held if isinstance(f, OutputAudioRawFrame)), None)
+        if head is not None and not getattr(head, "interruptible", True):
+            return
+        downstream = max(0.0, self._released_until - now)
+        self.downstream_ms.append(1000.0 * downstream)
+        self._pause = GateYield(onset_at=min(onset_at, now), paused_at=now, quiet_at=now + downstream, trigger=trigger)
+        self.yields.append(self._pause)
+        logger.debug(
+            f"{self}: yield ({trigger}), {1000 * downstream:.0f} ms already downstream, {self.held_ms:.0f} ms held"
+        )
+        self._cancel_timer()
+        self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._resume)
+        self._wake.set()
+
+    def _hold(self) -> None:
+        """Speech confirmed by a VAD: stay paused until the interruption, up to ``hold_max_ms``."""
+        if self._pause is not None:
+            self._cancel_timer()
+            left = self._pause.paused_at + self.hold_max_s - time.monotonic()
+            self._resume_timer = asyncio.get_running_loop().call_later(max(0.0, left), self._resume)
+
+    def _resume(self) -> None:
+        pause, self._pause = self._pause, None
+        self._cancel_timer()
+        if pause is None:
+            return
+        pause.outcome, pause.ended_at = "resumed", time.monotonic()
+        logger.debug(f"{self}: resumed after {1000 * (pause.ended_at - pause.paused_at):.0f} ms (not confirmed)")
+        self._released_until = max(self._released_until, pause.ended_at)
+        self._wake.set()
+
+    def _interrupted(self) -> None:
+        """Confirmed: drop what is held (as the transport drops its queue), keep control frames."""
+        dropped = 0.0
+        kept: deque[Frame] = deque()
+        for f in self._held:
+            if isinstance(f, OutputAudioRawFrame) and getattr(f, "interruptible", True):
+                dropped += _duration(f)
+            elif not _is_data(f) or not getattr(f, "interruptible", True):
+                kept.append(f)
+        self._held = kept
+        self._released_until = time.monotonic()  # the transport resets its queue too
+        pause, self._pause = self._pause, None
+        self._cancel_timer()
+        if pause is not None:
+            pause.outcome, pause.ended_at, pause.dropped_ms = "interrupted", time.monotonic(), 1000.0 * dropped
+        self._wake.set()
+
+    def _cancel_timer(self) -> None:
+        if self._resume_timer is not None:
+            self._resume_timer.cancel()
+            self._resume_timer = None
+
+
+def _duration(frame: OutputAudioRawFrame) -> float:
+    return len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)
+
+
+def _is_data(frame: Frame) -> bool:
+    return isinstance(frame, DataFrame)

@@ -1,0 +1,170 @@
+"""YieldGate in real Pipecat pipelines: bot audio paced to the output transport, a pause at the
+caller's first speech window, a resume after a cough, Pipecat's own interruption on speech.
+
+The bot audio is real speech from the bundled voice, handed to the gate all at once as the TTS
+service does with streamvox's lead; the caller audio (a synthetic cough through the real Silero
+VAD, or real speech) arrives as 32 ms ``InputAudioRawFrame``s in real time. The output transport
+is the harness's ``RealtimePlayer`` (plays on the wall clock, drops its queue on interruption).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pipecat")
+
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.frames.frames import InputAudioRawFrame, InterruptionFrame, TTSAudioRawFrame
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMContextAggregatorPair,
+    LLMUserAggregatorParams,
+)
+from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
+from pipecat.turns.user_turn_strategies import UserTurnStrategies
+
+from agent.pipecat_yield import YieldGate
+from agent.sounds import cough
+from tests.pipecat.harness import RealtimePlayer
+
+SR = 16000
+CHUNK = 512
+FRAME_S = 0.04
+BOT_TEXT = "Your table is booked for seven thirty tonight, and we will send you a reminder an hour before."
+
+
+@pytest.fixture(scope="module")
+def bot_audio() -> np.ndarray:
+    from agent.simulate import synthesize_speech
+
+    return (synthesize_speech(BOT_TEXT, sample_rate=SR, peak=0.5) * 32767).astype(np.int16)
+
+
+def bot_frames(audio: np.ndarray) -> list[TTSAudioRawFrame]:
+    n = int(FRAME_S * SR)
+    return [
+        TTSAudioRawFrame(audio=audio[k : k + n].tobytes(), sample_rate=SR, num_channels=1, context_id="c1")
+        for k in range(0, audio.size - audio.size % n, n)
+    ]
+
+
+def caller_frames(signal: np.ndarray) -> list:
+    """32 ms caller frames, each followed by a 32 ms sleep: a microphone in real time."""
+    pcm = (np.clip(signal, -1, 1) * 32767).astype(np.int16)
+    out: list = []
+    for k in range(0, pcm.size - pcm.size % CHUNK, CHUNK):
+        out += [InputAudioRawFrame(audio=pcm[k : k + CHUNK].tobytes(), sample_rate=SR, num_channels=1)]
+        out += [SleepFrame(sleep=CHUNK / SR)]
+    return out
+
+
+class RecordingPlayer(RealtimePlayer):
+    """The harness's real-time device, keeping the bytes it played too."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.audio: list[bytes] = []
+
+    async def write_audio_frame(self, frame) -> bool:
+        self.audio.append(frame.audio)
+        return await super().write_audio_frame(frame)
+
+
+def voiced(pcm: bytes) -> bytes:
+    """``pcm`` without its all-zero 40 ms chunks (the frames and the transport's chunks align)."""
+    n = int(FRAME_S * SR) * 2
+    return b"".join(pcm[k : k + n] for k in range(0, len(pcm), n) if any(pcm[k : k + n]))
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SR), np.float32)
+
+
+async def test_gate_paces_audio_and_resumes_after_a_cough(bot_audio):
+    gate = YieldGate(lead_ms=80)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    frames = bot_frames(bot_audio)
+    sent_s = sum(len(f.audio) for f in frames) / 2 / SR
+    caller = caller_frames(np.concatenate((silence(0.5), cough(), silence(0.8))))
+    await run_test(Pipeline([gate, player]), frames_to_send=[*frames, *caller, SleepFrame(sleep=sent_s)])
+
+    assert gate.yields, "the cough did not pause the bot (it must trip the VAD's first window)"
+    assert all(y.outcome == "resumed" and y.trigger == "vad" for y in gate.yields)
+    y = gate.yields[0]
+    print(
+        f"\n[pipecat cough] yield {y.yield_ms:.0f} ms (audio downstream at the pause "
+        f"{gate.downstream_ms[0]:.0f} ms), paused {1000 * (y.ended_at - y.paused_at):.0f} ms"
+    )
+    # paced: at the pause only about lead_ms had been handed to the transport, not the whole reply
+    assert max(gate.downstream_ms) <= 80 + 1000 * FRAME_S + 5
+    assert y.yield_ms <= 250
+    # nothing lost, nothing twice: the device played exactly the TTS audio (the transport pads
+    # idle time with silent chunks: leave whole silent chunks out on both sides), with a hole
+    assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
+    assert player.played.interrupted_at == []
+    assert max(b[0] - (a[0] + a[1]) for a, b in itertools.pairwise(player.played.chunks)) >= 0.05
+
+
+async def test_pipecat_interruption_confirms_the_yield_and_drops_the_held_audio(bot_audio, speech):
+    gate = YieldGate(lead_ms=80)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    user = LLMContextAggregatorPair(
+        LLMContext(),
+        user_params=LLMUserAggregatorParams(
+            vad_analyzer=SileroVADAnalyzer(),
+            user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy()]),
+        ),
+    ).user()
+    frames = bot_frames(bot_audio)
+    sent_s = sum(len(f.audio) for f in frames) / 2 / SR
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
+    caller = caller_frames(np.concatenate((silence(0.6), talk, silence(0.3))))
+    down, _ = await run_test(Pipeline([user, gate, player]), frames_to_send=[*frames, *caller, SleepFrame(sleep=0.5)])
+
+    assert any(isinstance(f, InterruptionFrame) for f in down)
+    (y,) = gate.yields
+    assert y.trigger == "vad" and y.outcome == "interrupted" and y.dropped_ms > 500
+    interrupted_at = player.played.interrupted_at[0]
+    print(
+        f"\n[pipecat speech] yield {y.yield_ms:.0f} ms; Pipecat's interruption "
+        f"{1000 * (interrupted_at - y.onset_at):.0f} ms after the onset; {y.dropped_ms:.0f} ms held audio dropped"
+    )
+    assert y.yield_ms < 1000 * (interrupted_at - y.onset_at)  # quiet before Pipecat decided
+    # the device played no bot audio after the quiet point (only the transport's idle padding); the
+    # gate's quiet point is its own clock's, a device that fell behind may be one chunk later
+    late_s = y.quiet_at + FRAME_S + 0.01
+    after = [pcm for (t, _), pcm in zip(player.played.chunks, player.audio, strict=True) if t >= late_s]
+    assert after and not any(any(pcm) for pcm in after)
+    assert len(voiced(b"".join(player.audio))) / 2 / SR < sent_s - 0.5
+
+
+async def test_speech_without_an_interruption_holds_the_pause_until_the_caller_stops(bot_audio, speech):
+    """Our VAD confirmed speech but no interruption came (a turn strategy may wait for words):
+    the gate stays quiet past ``resume_after_ms`` while the caller talks, then resumes."""
+    gate = YieldGate(lead_ms=80, resume_after_ms=300)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    frames = bot_frames(bot_audio)
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
+    caller = caller_frames(np.concatenate((silence(0.4), talk, silence(0.6))))
+    sent_s = sum(len(f.audio) for f in frames) / 2 / SR
+    await run_test(Pipeline([gate, player]), frames_to_send=[*frames, *caller, SleepFrame(sleep=sent_s)])
+
+    (y,) = gate.yields
+    paused_s = y.ended_at - y.paused_at
+    print(f"\n[pipecat held] paused {1000 * paused_s:.0f} ms over 1000 ms of caller speech")
+    assert y.outcome == "resumed" and 0.9 <= paused_s <= 2.0
+    assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
+
+
+def test_gate_validates_its_options():
+    with pytest.raises(ValueError, match="lead_ms"):
+        YieldGate(lead_ms=5)
+    with pytest.raises(ValueError, match="resume_after_ms"):
+        YieldGate(resume_after_ms=0)
