@@ -50,7 +50,9 @@ def test_weights_equal_ggufs_own_dequantisation(gguf_weights) -> None:
         ("token_embd.weight", "model.embed_tokens.weight"),  # Q8_0
     ]:
         t = tensors[gguf_name]
-        np.testing.assert_array_equal(dense(weights[ours]).numpy(), dequantize(t.data, t.tensor_type))
+        rows = slice(0, 256)  # rows of whole blocks: enough to check the layout, cheap for the embedding
+        expected = dequantize(t.data[rows], t.tensor_type)
+        np.testing.assert_array_equal(dense(weights[ours]).numpy()[rows], expected)
 
 
 def test_chat_prompt_equals_transformers_apply_chat_template(llm: LocalLLM) -> None:
@@ -149,7 +151,7 @@ def test_int4_serving_model_starts_like_the_fp32_reference(llm: LocalLLM, fp32: 
 
 def _reply(engine: ChatEngine, llm: LocalLLM, messages) -> list[int]:
     ids = llm.tokenizer.encode_chat(messages)
-    return list(engine.generate(ids, Sampling(max_tokens=24), eos_ids=llm.tokenizer.eos_ids))
+    return list(engine.generate(ids, Sampling(max_tokens=16), eos_ids=llm.tokenizer.eos_ids))
 
 
 def _conversations(engine: ChatEngine, llm: LocalLLM, check) -> None:
