@@ -373,7 +373,11 @@ class TTSClient:
         return self._current.replica.url if self._current is not None else None
 
     async def __aenter__(self) -> TTSClient:
-        await self.connect()
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()  # __aexit__ will not run: do not leak the HTTP session
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
