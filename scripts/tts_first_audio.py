@@ -86,7 +86,8 @@ class Result:
     turns: list[Turn] = field(default_factory=list)
     sentence_wer: list[float] = field(default_factory=list)
     sentence_transcripts: list[str] = field(default_factory=list)
-    streamvox_max_gap_ms: float = 0.0  # worst playout gap of a real-time player (StreamvoxStats.max_lag_s)
+    # a real-time player's gaps after the first frame, summed over the worst reply (StreamvoxStats.max_lag_s)
+    streamvox_max_gap_ms: float = 0.0
 
 
 # ---------------------------------------------------------------- the Pipecat scenario
@@ -211,7 +212,7 @@ def report(result: Result) -> None:
             print(f"  opening: {kind:<11} {_stats([t.first_audio_ms for t in turns if t.kind == kind])}")
         print(f"  first voiced sample  {_stats([t.first_voiced_ms for t in turns])}")
         if service == "streamvox":
-            print(f"  worst playout gap after the first frame, any reply: {result.streamvox_max_gap_ms:.0f} ms")
+            print(f"  playout gaps after the first frame, worst reply's total: {result.streamvox_max_gap_ms:.0f} ms")
     streamed = [t.wer for t in result.turns if t.service == "streamvox" and t.wer is not None]
     if streamed:
         mean_s, mean_r = statistics.fmean(streamed), statistics.fmean(result.sentence_wer)

@@ -41,12 +41,21 @@ ABBREVIATIONS = frozenset(
 FUNCTION_WORDS = frozenset(
     """a an the to of in on at by for from with and or but nor so as than that which who whom whose
     my your his her its our their this these those is are was were be been am i you he she we they
-    it not no if into onto over under about after before""".split()
+    it not no if into onto over under about after before near through across around without within
+    between behind during toward towards per via""".split()
+)
+# Words that lean on the noun after them ("three | hotels", "the next | train"): a forced cut
+# does not end on them either. Superlatives ("the cheapest | one") are caught by their ending.
+MODIFIERS = frozenset(
+    """one two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty hundred
+    thousand first second third next last every each some any all many few several such other another
+    more most less very own same""".split()
 )
 # Words that begin a phrase (prepositions, conjunctions, relatives): a forced cut goes before them.
 PHRASE_STARTS = frozenset(
     """to of in on at by for from with and or but nor so as than that which who whom whose into onto over
-    under about after before because while when where until since""".split()
+    under about after before because while when where until since near through across around without
+    within between behind during toward towards per via""".split()
 )
 _SENTENCE_END = ".!?…"
 _CLAUSE_END = ",;:—"
@@ -102,7 +111,8 @@ class Segmenter:
         return out
 
     def cut_words(self, min_words: int) -> list[str]:
-        """Cut at the last word boundary, keeping a possibly unfinished last word buffered.
+        """Once ``min_words`` whole words are buffered, cut after the last one that is not a
+        function word, keeping a possibly unfinished last word buffered.
 
         The scheduler calls this when waiting for punctuation would leave the listener in
         silence (a slow LLM): a cut mid-clause costs some prosody, silence costs more.
@@ -110,11 +120,13 @@ class Segmenter:
         words = self._buf.split()
         if words and not self._buf[-1:].isspace():
             words.pop()  # the last word may still be growing ("abo" -> "about")
-        # "... the best way to | go", not "... the best way to go | about": a function word
-        # belongs to what follows it, so it waits with that.
-        while words and _bare(words[-1]) in FUNCTION_WORDS:
-            words.pop()
         if len(words) < max(1, min_words):
+            return []
+        # "Your flight | is on time", not "Your flight is | on time": a function word belongs to
+        # what follows it, so it waits with that (the cut is not later for it, only shorter).
+        while words and _leans_forward(words[-1]):
+            words.pop()
+        if not words:
             return []
         head_end = _end_of_word(self._buf, len(words))
         head, self._buf = self._buf[:head_end], self._buf[head_end:].lstrip()
@@ -192,7 +204,7 @@ class Segmenter:
                 best = i + 1
         if best is not None:
             return best
-        return _phrase_cut(buf, limit) or _word_cut(buf, limit, avoid=FUNCTION_WORDS)
+        return _phrase_cut(buf, limit) or _word_cut(buf, limit, step_back=True)
 
     @staticmethod
     def _is_sentence_end(buf: str, i: int) -> bool:
@@ -217,6 +229,15 @@ def _bare(word: str) -> str:
     return word.lower().strip("\"'“”‘’()[]{}")
 
 
+def _leans_forward(word: str) -> bool:
+    """A word that belongs with what follows it: a function word or a modifier ("the", "three",
+    "cheapest"). Words ending in punctuation end a phrase, so they never lean."""
+    bare = _bare(word)
+    if not bare[-1:].isalnum():
+        return False
+    return bare in FUNCTION_WORDS or bare in MODIFIERS or (len(bare) >= 6 and bare.endswith("est"))
+
+
 def _end_of_word(buf: str, k: int) -> int:
     """Index just after the ``k``-th whitespace-separated word of ``buf`` (``k`` >= 1)."""
     return [m.end() for m in re.finditer(r"\S+", buf)][k - 1]
@@ -234,19 +255,20 @@ def _phrase_cut(buf: str, limit: int, min_words: int = 3) -> int | None:
     best = None
     for k in range(min_words, len(spans) - 1):  # the last span may be a word cut by ``limit``
         prev, word = buf[slice(*spans[k - 1])], buf[slice(*spans[k])]
-        if _bare(word) in PHRASE_STARTS and _bare(prev) not in FUNCTION_WORDS and prev[-1:].isalnum():
+        if _bare(word) in PHRASE_STARTS and not _leans_forward(prev) and prev[-1:].isalnum():
             best = spans[k - 1][1]
     return best
 
 
-def _word_cut(buf: str, limit: int, avoid: frozenset[str] = frozenset()) -> int:
-    """The last space before ``limit``, stepping back over words in ``avoid`` (keeping >= 3 words)."""
+def _word_cut(buf: str, limit: int, *, step_back: bool = False) -> int:
+    """The last space before ``limit``; ``step_back``: before the words that lean on what follows
+    them (keeping >= 3 words)."""
     space = buf.rfind(" ", 0, limit)
     if space <= 0:
         return limit  # one unbroken "word": cut hard
-    while avoid:
+    while step_back:
         head = buf[:space].split()
-        if len(head) <= 3 or head[-1].lower().strip("\"'") not in avoid:
+        if len(head) <= 3 or not _leans_forward(head[-1]):
             break
         space = buf.rfind(" ", 0, space - len(head[-1]))
     return space

@@ -254,8 +254,12 @@ def test_fragments_below_min_chars_wait() -> None:
     [
         ("I think that the best way to go abo", "I think that the best way to go", "abo"),  # unfinished word kept
         ("Your order shipped yesterday from our ", "Your order shipped yesterday", "from our "),
-        ("and then the ", "", "and then the "),  # nothing but function words: wait
-        ("Well then", "", "Well then"),  # too few words
+        ("Your flight is on", "Your flight", "is on"),  # as early as a cut after "is", only shorter
+        ("I found three hotels near the", "I found three hotels", "near the"),
+        ("I found three ", "I found", "three "),  # a modifier waits for its noun
+        ("Well I want the cheapest ", "Well I want", "the cheapest "),  # a superlative too
+        ("and it is the ", "", "and it is the "),  # nothing but function words: wait
+        ("Well then", "", "Well then"),  # too few whole words
     ],
 )
 def test_cut_words_does_not_strand_a_function_word(pending: str, cut: str, left: str) -> None:
