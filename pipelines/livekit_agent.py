@@ -27,26 +27,31 @@ Environment (defaults in brackets):
 ``TTS_URL`` [ws://127.0.0.1:8765/v1/stream], ``TTS_API_KEY`` [none], ``TTS_VOICE`` [server default],
 ``LLM_BASE_URL`` [http://127.0.0.1:8766/v1, ``pipelines.local_llm``], ``LLM_MODEL`` [smollm2], ``LLM_API_KEY``,
 ``AGENT_INSTRUCTIONS``, ``AGENT_GREETING`` [empty: no greeting],
-``MIN_INTERRUPTION_DURATION`` [0.5], ``AEC_WARMUP_DURATION`` [3.0], ``FALSE_INTERRUPTION_TIMEOUT`` [2.0],
+``MIN_INTERRUPTION_DURATION`` [0.2], ``AEC_WARMUP_DURATION`` [3.0], ``FALSE_INTERRUPTION_TIMEOUT`` [1.0],
 and LiveKit's own ``LIVEKIT_URL`` / ``LIVEKIT_API_KEY`` / ``LIVEKIT_API_SECRET``.
 
 Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our defaults:
 
 * ``interruption.mode = "vad"``. Without it, dev mode with STT + VAD auto-enables the *adaptive*
   detector, a LiveKit Cloud inference model; we stay local. VAD speech start -> interruption.
-* ``interruption.min_duration = 0.5`` s (framework default, ``MIN_INTERRUPTION_DURATION``): how long
-  the caller must speak over the agent before it stops. Lower cuts talk-over time but lets coughs
-  and "mm-hm" interrupt; Silero's own ``min_speech_duration`` (0.05 s) only gates speech start.
+* ``interruption.min_duration = 0.2`` s (framework default 0.5, ``MIN_INTERRUPTION_DURATION``): how
+  long the caller must speak over the agent before it *yields*. With a pausable output (a room)
+  that is only a pause - the interruption waits for a transcript (below) - so it can be short: the
+  agent fell quiet 0.28 s after the caller's onset instead of 0.56 s (docs/BENCHMARKS.md, "LiveKit").
+  An output that cannot pause interrupts at once after it, so a cough may cost the reply there;
+  Silero's own ``min_speech_duration`` (0.05 s) only gates speech start.
 * ``aec_warmup_duration = 3.0`` s (framework default, ``AEC_WARMUP_DURATION``): a one-shot window,
   started the first time the agent speaks in a session (wall clock), in which caller audio cannot
   interrupt - the agent's own echo must not cut it off while the caller's echo canceller
   converges. It costs barge-in only during the greeting / first reply, so we keep it for browser
   and speakerphone callers; use 0 where there is no echo path (headsets, SIP trunks with their
   own AEC, tests).
-* ``interruption.resume_false_interruption = True`` and ``false_interruption_timeout = 2.0`` s
-  (defaults, ``FALSE_INTERRUPTION_TIMEOUT``): a room output first *pauses* on VAD speech; if no
-  transcript arrives within the timeout the agent resumes, otherwise the reply is interrupted -
-  and only then is the TTS stream closed, which streamvox turns into an acknowledged cancel.
+* ``interruption.resume_false_interruption = True`` and ``false_interruption_timeout = 1.0`` s
+  (framework default 2.0, ``FALSE_INTERRUPTION_TIMEOUT``): a room output first *pauses* on VAD
+  speech; if no transcript arrives within the timeout (counted from the VAD's end of speech) the
+  agent resumes where it paused, otherwise the reply is interrupted - and only then is the TTS
+  stream closed, which streamvox turns into an acknowledged cancel. 1.0 s still covers Whisper
+  on a short utterance here (~0.1-0.3 s) and halves the gap a cough leaves (2.7 s at 2.0).
   Outputs that cannot pause interrupt at once.
 * ``turn_detection = "vad"`` with endpointing ``min_delay = 0.5`` s: the default turn detector of
   1.8.9 is LiveKit Inference (cloud) or a downloaded local model; VAD silence needs neither.
@@ -308,13 +313,13 @@ def turn_handling(
             "min_duration": (
                 min_interruption_duration
                 if min_interruption_duration is not None
-                else _env_float("MIN_INTERRUPTION_DURATION", 0.5)
+                else _env_float("MIN_INTERRUPTION_DURATION", 0.2)
             ),
             "resume_false_interruption": True,
             "false_interruption_timeout": (
                 false_interruption_timeout
                 if false_interruption_timeout is not None
-                else _env_float("FALSE_INTERRUPTION_TIMEOUT", 2.0)
+                else _env_float("FALSE_INTERRUPTION_TIMEOUT", 1.0)
             ),
         },
     }
