@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             os.environ["TTS_URL"] = tts.ws_url
         if not os.environ.get("LLM_BASE_URL"):
             port = free_port()
-            # First start: de-quantising the bundled GGUF takes up to ~75 s on 2 cores (cached after).
+            # Loading takes seconds (docs/BENCHMARKS.md, "Local LLM": longer on a first start, which
+            # packs the GGUF once); the wide timeout is for a machine whose cores other jobs hold.
             llm = ChildServer(
                 ["-m", "pipelines.local_llm", "--port", str(port)],
                 what="the local LLM",
