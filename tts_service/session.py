@@ -37,12 +37,9 @@ from typing import Any, Final
 from . import protocol as P
 from .protocol import MsgType
 
-# Message and code names that issue 13's drain adds; spelled in protocol.py once it has them.
-DRAINING: Final = getattr(MsgType, "DRAINING", "draining")
-DRAINING_CODE: Final = getattr(P.ErrorCode, "DRAINING", "draining")
-SHUTTING_DOWN_CODE: Final = getattr(P.ErrorCode, "SHUTTING_DOWN", "shutting_down")
+DRAINING_CODE: Final = P.ErrorCode.DRAINING
 # Codes after which a context should be retried on another replica (nothing was spoken yet).
-RETRY_ELSEWHERE: Final = frozenset({P.ErrorCode.OVERLOADED, DRAINING_CODE})
+RETRY_ELSEWHERE: Final = frozenset({P.ErrorCode.OVERLOADED, P.ErrorCode.DRAINING})
 
 _FINISHED_STREAMS_KEPT = 1024  # late frames of this many finished contexts stay attributable
 
@@ -329,7 +326,7 @@ class ClientSession:
             return self._error(msg, ctx)
         if mtype == MsgType.PONG:
             return Pong(msg.get("id"))
-        if mtype == DRAINING:
+        if mtype == MsgType.DRAINING:
             notice = Draining(_int_or_none(msg.get("retry_after_ms")), msg)
             self.draining, self.drain_notice = True, notice
             return notice
