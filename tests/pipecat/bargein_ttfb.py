@@ -68,9 +68,9 @@ class ReconnectOnInterruption(KeepConnection):
     """Baseline: Pipecat's InterruptibleTTSService strategy (reconnect on every interruption)."""
 
     async def on_audio_context_interrupted(self, context_id: str) -> None:
-        ctx = self._contexts.get(context_id)
-        if ctx is not None:
-            ctx.cancelled = True  # no cancel message: closing the socket ends it on the server
+        s = self._session.get(context_id)
+        if s is not None:
+            self._session.gate(s)  # no cancel message: closing the socket ends it on the server
         await super(StreamvoxTTSService, self).on_audio_context_interrupted(context_id)
 
     async def _handle_interruption(self, frame: InterruptionFrame, direction: FrameDirection) -> None:
