@@ -5,6 +5,13 @@ it can say truthfully is when each stage finished, counted from the caller's spe
 VAD saw it* (the VAD's stop time minus the silence it waited for). The page measures the rest
 (uplink, browser jitter buffer, playout) from the audio itself and shows both side by side.
 
+The origin is found in the audio the server received: the last input frame louder than
+``SPEECH_DBFS`` before the VAD's stop (the first of the loud run before its start, for a
+barge-in). Only where the input holds no such frame (a noisy line, echo) does it fall back to
+the VAD's own presumption (its stop time minus ``stop_secs``, start time minus ``start_secs``),
+and ``origin`` says which (``"audio"`` or ``"vad"``). So ``vad_stop`` / ``vad_start`` are what
+the VAD costs, and page minus server is the transport both ways.
+
 A caller turn (``kind: "turn"``), ms after the caller's speech end:
 
 * ``vad_stop``: the VAD declared the speech over (its ``stop_secs`` of silence);
@@ -26,15 +33,18 @@ observer (which runs from a queue) gets to see it.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from loguru import logger
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
     BotStoppedSpeakingFrame,
     Frame,
+    InputAudioRawFrame,
     InterruptionFrame,
     LLMTextFrame,
     MetricsFrame,
@@ -59,6 +69,9 @@ TURN_STAGES = {
 }
 BARGE_IN_STAGES = {"vad_start": "VAD start", "interruption": "interruption", "bot_stopped": "bot audio stopped"}
 ACK_WAIT_S = 1.5  # the ack normally comes in a few ms; the service itself gives up after 1 s
+SPEECH_DBFS = -45.0  # an input frame this loud is speech (or noise) for the origin search
+HISTORY_S = 3.0  # input levels kept for it
+MAX_GAP_S = 0.15  # a quieter stretch this short inside speech does not end the onset's loud run
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -74,7 +87,8 @@ def describe(figures: dict[str, Any]) -> str:
     else:
         stages, origin = BARGE_IN_STAGES, "the caller's speech onset"
     parts = [f"{words} {figures[key]:+.0f}" for key, words in stages.items() if figures.get(key) is not None]
-    line = f"{figures['kind']} {figures['n']}: ms after {origin} (server clock): " + ", ".join(parts)
+    found = "in the audio received" if figures.get("origin") == "audio" else "as the VAD presumes"
+    line = f"{figures['kind']} {figures['n']}: ms after {origin} {found}: " + ", ".join(parts)
     if figures.get("tts_ttfb") is not None:
         line += f"; TTS first text -> first audio {figures['tts_ttfb']:.0f} ms"
     if figures["kind"] == "barge-in":
@@ -96,6 +110,7 @@ class StageFigures(BaseObserver):
     _bot_speaking: bool = False
     _ttfb_s: float | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)
+    _levels: deque[tuple[float, bool]] = field(default_factory=deque)  # (time, loud) per input frame
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -108,13 +123,38 @@ class StageFigures(BaseObserver):
             return  # broadcast frames travel both ways: the downstream copy stands for both
         await self._on_frame(frame, data.timestamp / 1e9, data.source)
 
+    def _hear(self, frame: InputAudioRawFrame, now: float) -> None:
+        pcm = np.frombuffer(frame.audio, dtype="<i2").astype(np.float32)
+        rms = float(np.sqrt(np.mean(pcm * pcm))) / 32768.0 if pcm.size else 0.0
+        self._levels.append((now, rms > 10 ** (SPEECH_DBFS / 20)))
+        while self._levels and self._levels[0][0] < now - HISTORY_S:
+            self._levels.popleft()
+
+    def _speech_end(self, vad_at: float, stop_secs: float) -> tuple[float, str]:
+        loud = [t for t, is_loud in self._levels if is_loud and vad_at - stop_secs - 0.5 <= t <= vad_at]
+        return (loud[-1], "audio") if loud else (vad_at - stop_secs, "vad")
+
+    def _speech_onset(self, vad_at: float, start_secs: float) -> tuple[float, str]:
+        onset = None
+        for t, is_loud in reversed(self._levels):  # back from the VAD's decision along the loud run
+            if t > vad_at:
+                continue
+            if is_loud:
+                onset = t
+            elif onset is not None and onset - t > MAX_GAP_S:
+                break
+        return (onset, "audio") if onset is not None and onset >= vad_at - 1.0 else (vad_at - start_secs, "vad")
+
     async def _on_frame(self, frame: Frame, now: float, source: Any) -> None:
         turn = self._turn
-        if isinstance(frame, VADUserStoppedSpeakingFrame):
+        if isinstance(frame, InputAudioRawFrame):
+            self._hear(frame, now)
+        elif isinstance(frame, VADUserStoppedSpeakingFrame):
             if turn is None or "end_of_turn" in turn:
                 turn = self._turn = {}
             # the caller's last speech end before the turn is decided; earlier pauses are overwritten
-            turn.update(origin=now - frame.stop_secs, vad_stop=now)
+            origin, how = self._speech_end(now, frame.stop_secs)
+            turn.update(origin=origin, how=how, vad_stop=now)
         elif isinstance(frame, TranscriptionFrame) and turn is not None and "llm_first_token" not in turn:
             turn["stt_final"] = now
         elif isinstance(frame, UserStoppedSpeakingFrame) and turn is not None:
@@ -132,7 +172,8 @@ class StageFigures(BaseObserver):
         elif isinstance(frame, VADUserStartedSpeakingFrame):
             if self._bot_speaking and self._barge is None:
                 acks = float(self.tts.stats.cancel_acks) if self.tts is not None else 0.0
-                self._barge = {"origin": now - frame.start_secs, "vad_start": now, "acks": acks}
+                origin, how = self._speech_onset(now, frame.start_secs)
+                self._barge = {"origin": origin, "how": how, "vad_start": now, "acks": acks}
         elif isinstance(frame, InterruptionFrame) and self._barge is not None:
             self._barge.setdefault("interruption", now)
         elif isinstance(frame, BotStartedSpeakingFrame):
@@ -152,7 +193,7 @@ class StageFigures(BaseObserver):
 
     async def _report_turn(self, turn: dict[str, float]) -> None:
         origin = turn["origin"]
-        figures: dict[str, Any] = {"kind": "turn", "n": len(self.turns) + 1}
+        figures: dict[str, Any] = {"kind": "turn", "n": len(self.turns) + 1, "origin": turn["how"]}
         figures.update({k: _ms(turn[k] - origin) if k in turn else None for k in TURN_STAGES})
         figures["tts_ttfb"] = _ms(self._ttfb_s) if self._ttfb_s is not None else None
         self._ttfb_s = None
@@ -161,7 +202,7 @@ class StageFigures(BaseObserver):
 
     async def _report_barge_in(self, barge: dict[str, float]) -> None:
         origin = barge["origin"]
-        figures: dict[str, Any] = {"kind": "barge-in", "n": len(self.bargeins) + 1}
+        figures: dict[str, Any] = {"kind": "barge-in", "n": len(self.bargeins) + 1, "origin": barge["how"]}
         figures.update({k: _ms(barge[k] - origin) if k in barge else None for k in BARGE_IN_STAGES})
         figures["cancel_ack"] = None
         stats = self.tts.stats if self.tts is not None else None

@@ -33,7 +33,8 @@ TURN_STAGES = ("vad_stop", "stt_final", "end_of_turn", "llm_first_token", "tts_f
 BARGE_STAGES = ("vad_start", "interruption", "bot_stopped", "cancel_ack")
 
 
-def _stats(values: list[float]) -> dict[str, float | int | None]:
+def _stats(values: list[float | None]) -> dict[str, float | int | None]:
+    values = [v for v in values if v is not None]
     return {"median": rnd(median(values)), "p95": rnd(percentile(values, 95)), "n": len(values)}
 
 
@@ -47,7 +48,8 @@ def _stage_medians(servers: list[dict], keys: tuple[str, ...]) -> dict[str, floa
 def summarise(sessions: list[dict]) -> dict:
     """One mode's figures from its sessions' ``Session.figures()``."""
     turns = [t for s in sessions for t in s["turns"]]
-    barges = [s["barge_in"] for s in sessions if s["barge_in"]]
+    measured = [s["barge_in"] for s in sessions if s["barge_in"]]
+    barges = [b for b in measured if b.get("silence_ms") is not None]
     files = [s["from_file"] for s in sessions]
     file_v2v = [f[k] for f in files for k in ("barge_in_reply_v2v_ms", "answer_v2v_ms") if f[k] is not None]
     return {
@@ -57,7 +59,9 @@ def summarise(sessions: list[dict]) -> dict:
         "barge_in_yield_ms": _stats([b["yield_ms"] for b in barges]),
         "barge_in_silence_ms": _stats([b["silence_ms"] for b in barges]),
         "barge_in_server_stages_ms": _stage_medians([b["server"] for b in barges if b.get("server")], BARGE_STAGES),
-        "barge_ins_missed": len(sessions) - len(barges),
+        "browser_jitter_buffer_ms": _stats([b.get("jitter_buffer_ms") for b in barges]),
+        "barge_ins_missed": len(sessions) - len(measured),
+        "barge_ins_kept_talking": len(measured) - len(barges),
         # timed from the mic file's own speech instead of the page's (processed) mic signal
         "voice_to_voice_from_file_ms": _stats(file_v2v),
         "barge_in_silence_from_file_ms": _stats([f["barge_in_silence_ms"] for f in files if f["barge_in_silence_ms"]]),
@@ -73,12 +77,14 @@ def report(mode: str, s: dict) -> str:
     bstages = ", ".join(f"{k} {v}" for k, v in s["barge_in_server_stages_ms"].items())
     return "\n".join(
         [
-            f"{mode}: {s['sessions']} sessions, {s['barge_ins_missed']} without a barge-in measured at the page",
+            f"{mode}: {s['sessions']} sessions; at the page {s['barge_ins_missed']} without a barge-in measured,"
+            f" {s['barge_ins_kept_talking']} where the agent kept talking",
             _line("voice-to-voice at page", s["voice_to_voice_ms"]),
             f"    server stages (median ms after the caller's speech end): {stages}",
             _line("barge-in yield at page", s["barge_in_yield_ms"]),
             _line("barge-in silence at page", s["barge_in_silence_ms"]),
             f"    server stages (median ms after the caller's speech onset): {bstages}",
+            _line("browser jitter buffer", s["browser_jitter_buffer_ms"]) + "  (at the barge-in's onset)",
             "  timed from the microphone file's speech instead of the page's mic signal:",
             _line("voice-to-voice", s["voice_to_voice_from_file_ms"]),
             _line("barge-in silence", s["barge_in_silence_from_file_ms"]),
@@ -91,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="sessions per mode (default 5)")
     parser.add_argument("--modes", default="headphones,echo-cancellation", help="comma-separated, in this order")
     parser.add_argument("--json", type=Path, default=H.OUT / "scenario.json")
+    parser.add_argument("--summarise", type=Path, metavar="JSON", help="only print the summary of an earlier run")
     args = parser.parse_args(argv)
+    if args.summarise:
+        saved = json.loads(args.summarise.read_text())["sessions"]
+        for mode, sessions in saved.items():
+            print(report(mode, summarise(sessions)) + "\n")
+        return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = set(modes) - {"headphones", "echo-cancellation"}
     if unknown or args.runs < 1:

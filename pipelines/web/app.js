@@ -40,6 +40,7 @@ const ui = {
   transcript: $("transcript"),
   turns: document.querySelector("#turns tbody"),
   botAudio: $("bot-audio"),
+  jitter: $("jitter"),
 };
 
 // What tests read. Times are on the page's audio clock (seconds, AudioContext.currentTime).
@@ -52,6 +53,7 @@ const svx = {
   transcript: [], // {who: "you"|"agent", text, interrupted, t}
   botWords: [], // {t, text}: each bot-tts-text word when it arrived
   rtvi: [], // {t, type}: every RTVI message type, in order
+  jitterBufferMs: null, // the browser's jitter buffer delay for the agent's audio, last second (getStats)
   agentErrors: [], // {t, text}: RTVI error messages (a service of the agent failed)
   botSegments: [], // {start, end}: the agent audible (end null while it still is)
   micSegments: [], // {start, end}: the caller audible
@@ -173,7 +175,10 @@ async function connect() {
       data: { version: RTVI_VERSION, about: { library: "streamvox-page", library_version: "1" } },
     }));
     // SmallWebRTC treats a client that stops pinging for 3 s as gone
-    conn.ping = setInterval(() => dc.readyState === "open" && dc.send("ping"), 1000);
+    conn.ping = setInterval(() => {
+      if (dc.readyState === "open") dc.send("ping");
+      pollJitterBuffer(pc);
+    }, 1000);
   };
   dc.onmessage = (ev) => {
     if (typeof ev.data !== "string" || !ev.data.startsWith("{")) return;
@@ -221,6 +226,25 @@ async function connect() {
   conn.timeout = setTimeout(() => {
     if (svx.state !== "connected") fail("No connection to the agent within 15 s (ICE did not complete).");
   }, 15000);
+}
+
+// How much of the agent's audio waits in the browser before it is played: part of what a barge-in
+// cannot flush from the server side (WebRTC stats: jitterBufferDelay / jitterBufferEmittedCount).
+const jb = { delay: 0, count: 0 };
+async function pollJitterBuffer(pc) {
+  try {
+    const stats = await pc.getStats();
+    stats.forEach((r) => {
+      if (r.type !== "inbound-rtp" || r.kind !== "audio" || !r.jitterBufferEmittedCount) return;
+      const dCount = r.jitterBufferEmittedCount - jb.count;
+      if (dCount > 0) svx.jitterBufferMs = Math.round((1000 * (r.jitterBufferDelay - jb.delay)) / dCount);
+      jb.delay = r.jitterBufferDelay;
+      jb.count = r.jitterBufferEmittedCount;
+    });
+    ui.jitter.textContent = svx.jitterBufferMs === null ? "" : `browser jitter buffer ${svx.jitterBufferMs} ms`;
+  } catch (e) {
+    // stats are a nicety: a closed connection has none
+  }
 }
 
 function iceGathered(pc, timeoutMs) {
@@ -365,7 +389,7 @@ function onMicStart(t) {
   if (det.bot.on && !det.barge) {
     const before = det.recent.filter((r) => r.t < t && r.botDb > BOT_ON_DB);
     const pre = before.length ? before.reduce((a, r) => a + r.botDb, 0) / before.length : BOT_ON_DB;
-    det.barge = { onset: t, pre, quietSince: null };
+    det.barge = { onset: t, pre, quietSince: null, jitterBufferMs: svx.jitterBufferMs };
   }
 }
 
@@ -395,6 +419,7 @@ function onBotStop(last) {
     silence_ms: ms(gone - g.onset),
     yield_ms: ms(Math.min(g.quietSince === null ? gone : g.quietSince, gone) - g.onset),
     interrupted: det.interruptedAt >= g.onset - 0.5, // the agent said it was interrupted
+    jitter_buffer_ms: g.jitterBufferMs,
   });
 }
 

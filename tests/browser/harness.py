@@ -280,10 +280,13 @@ class Session:
         return {
             "from_file": self.from_file(),
             "headphones": self.page.get("headphones"),
-            "barge_in": b and {k: b.get(k) for k in ("yield_ms", "silence_ms", "interrupted", "server")},
+            "barge_in": b and {k: b.get(k) for k in BARGE_IN_KEYS},
             "answer": a and {"v2v_ms": a["v2v_ms"], "server": a.get("server")},
             "turns": [{"v2v_ms": r["v2v_ms"], "server": r.get("server")} for r in self.records("turn")],
         }
+
+
+BARGE_IN_KEYS = ("yield_ms", "silence_ms", "interrupted", "jitter_buffer_ms", "server")
 
 
 def _js(driver, expr: str):
