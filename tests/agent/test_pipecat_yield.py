@@ -168,3 +168,54 @@ def test_gate_validates_its_options():
         YieldGate(lead_ms=5)
     with pytest.raises(ValueError, match="resume_after_ms"):
         YieldGate(resume_after_ms=0)
+
+
+async def test_context_gets_only_the_words_heard_before_the_pause(tts_server, speech):
+    """StreamvoxTTSService -> YieldGate -> device -> assistant aggregator: the caller talks, the
+    gate pauses, Pipecat's interruption comes 0.8 s later; the words of those 0.8 s (whose audio
+    the gate held back) must not land in the context."""
+    from agent.pipecat import StreamvoxTTSService
+    from tests.pipecat.harness import llm_reply
+
+    reply = (
+        "Let me walk you through the three options we have for your trip next week. "
+        "The first one leaves early in the morning and arrives just before lunch, with one change in the middle. "
+        "The second one is a direct connection in the afternoon, which is a little more expensive."
+    )
+    tts = StreamvoxTTSService(url=tts_server.url, sample_rate=SR)
+    gate = YieldGate(lead_ms=80)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    context = LLMContext([{"role": "user", "content": "Which trains are there?"}])
+    pair = LLMContextAggregatorPair(context)
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 0.8) * SR)]
+    frames = [
+        *llm_reply(reply),
+        SleepFrame(sleep=2.5),
+        *caller_frames(talk),
+        InterruptionFrame(),
+        SleepFrame(sleep=0.5),
+    ]
+    await run_test(Pipeline([tts, gate, player, pair.assistant()]), frames_to_send=frames)
+
+    (y,) = gate.yields
+    assert y.outcome == "interrupted"
+    said = next(m["content"] for m in context.get_messages() if m["role"] == "assistant").split()
+    heard_s = len(voiced(b"".join(player.audio))) / 2 / SR
+    starts = await word_starts(tts_server.url, reply)  # the same reply's word timings (another render)
+    heard = sum(t < heard_s for t in starts)
+    without_pause = sum(t < heard_s + 0.8 for t in starts)  # what plays on until the interruption
+    print(f"\n[pipecat context] heard {heard_s:.2f} s = {heard} words; context {len(said)}: {' '.join(said)!r}")
+    assert 2.0 < heard_s < 3.2
+    assert abs(len(said) - heard) <= 1 and len(said) < without_pause - 1
+    assert said == reply.split()[: len(said)]
+
+
+async def word_starts(url: str, text: str) -> list[float]:
+    from tts_service.client import TTSClient, WordTimings
+
+    async with TTSClient(url) as client:
+        ctx = await client.open(sample_rate=SR)
+        await ctx.send_text(text)
+        await ctx.end()
+        return [w.start for item in [i async for i in ctx] if isinstance(item, WordTimings) for w in item.words]
