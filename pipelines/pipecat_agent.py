@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     logger.remove()  # loguru's default sink is DEBUG: the per-turn INFO lines would drown
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
     children: list[ChildServer] = []
+    # uvicorn re-raises a SIGTERM after its shutdown: exit through `finally`, which stops the children
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         if not os.environ.get("TTS_URL"):
             tts = _start(ChildServer.tts(output="inherit"), 60)
