@@ -1,6 +1,8 @@
 """One-shot synthesis over HTTP: the WAV streams in while it is generated.
 
-Run a server first (``streamvox serve``), then ``python examples/http_oneshot.py "Hello there."``.
+Run a server first (``streamvox serve``: this program posts to http://127.0.0.1:8765/v1/tts), then
+``python examples/http_oneshot.py "Hello there."``; it writes ``oneshot.wav`` (24 kHz) in the
+current folder.
 """
 
 import asyncio

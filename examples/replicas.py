@@ -8,6 +8,10 @@ Start three servers, then run this (each turn prints the replica that served it)
 In Kubernetes, give one URL whose host name is the headless Service (deploy/k8s/services.yaml)
 and ``discover=True``: every A/AAAA record is a replica. Stop one server (Ctrl-C or SIGTERM)
 while this runs: its turn in progress finishes, and the next turns go to the others.
+
+While the replica it connected to stays up, every turn goes there: the client keeps one connection and
+places a new one (on the replica with the lower ``/readyz`` load) only when that replica drains or
+fails. (8766 is also ``pipelines.local_llm``'s default port: do not run both.)
 """
 
 import asyncio

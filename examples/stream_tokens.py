@@ -1,6 +1,9 @@
 """Stream LLM-style tokens into streamvox and save the audio; cancel a second reply mid-way.
 
-Run a server first (``streamvox serve``), then ``python examples/stream_tokens.py``.
+Run a server first (``streamvox serve``: this program connects to ws://127.0.0.1:8765/v1/stream),
+then ``python examples/stream_tokens.py``. It prints the first-audio time and the word timings,
+writes the first reply to ``reply.wav`` (16 kHz) in the current folder, then cancels the second
+reply and prints the acknowledgement.
 """
 
 import asyncio
