@@ -59,7 +59,10 @@ class SynthesizerBase:
         self.metrics = metrics or Metrics()
         self._sinks: dict[int, Sink] = {}
         self._ids = itertools.count(1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_prefix)
+        # Worker threads that run batches (each its own compute loop); engines whose state lives
+        # in one place (Orpheus' slots) keep one.
+        self.workers = max(1, int(getattr(scheduler.opt, "workers", 1)))
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.thread_prefix)
         self._work = asyncio.Event()  # something may have made work possible
         self._due = asyncio.Event()  # an output may have fallen due (re-arm the release timer)
         self._tasks: list[asyncio.Task] = []
@@ -68,9 +71,10 @@ class SynthesizerBase:
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._guard(self._compute_loop), name=f"{self.task_prefix}-compute"),
-            asyncio.create_task(self._guard(self._release_loop), name=f"{self.task_prefix}-release"),
+            asyncio.create_task(self._guard(self._compute_loop), name=f"{self.task_prefix}-compute-{k}")
+            for k in range(self.workers)
         ]
+        self._tasks.append(asyncio.create_task(self._guard(self._release_loop), name=f"{self.task_prefix}-release"))
 
     async def _guard(self, loop_fn) -> None:
         """Keep a driver loop alive through a bug in one iteration, and say so loudly: a dead
@@ -157,6 +161,8 @@ class SynthesizerBase:
             # Deliver as computed: what this batch made due goes out now, not at the next timer.
             self._release()
             self._due.set()
+            if self.workers > 1:
+                self._work.set()  # an idle peer may take work this batch made possible
 
     async def _run(self, plan):
         """Run one plan in the worker thread; a failure becomes a result that fails its streams."""
@@ -205,8 +211,17 @@ class SynthesizerBase:
 
 def fit_options(engine, options: SchedulerOptions | None) -> SchedulerOptions:
     """Scheduler options for this engine: its context per window side, window sizes raised to
-    what it decodes for the same price, and batches of many windows only where batching pays."""
+    what it decodes for the same price, batches of many windows only where batching pays, and one
+    worker unless asked for more.
+
+    Two workers (each with the decoder's two threads) were measured against one on this 2-core
+    machine under outside load, same runs, 16 agents of ``bench load``: fewer underruns (0.69 and
+    0.25 vs 1.12 and 1.38 per stream) but TTFB p50 153-161 vs 98-100 ms, because a start-up then
+    shares the cores with another batch instead of waiting at most one window and running alone.
+    First audio decides, so one worker by default (docs/architecture.md)."""
     options = options or SchedulerOptions()
+    if options.workers == 0:
+        options = dataclasses.replace(options, workers=1)
     free = engine.free_frames() if hasattr(engine, "free_frames") else 0
     windows = tuple(sorted({max(w, free) for w in options.windows}))
     jobs = options.max_jobs if options.max_jobs != 1 or getattr(engine, "device", "cpu") != "cuda" else 16
@@ -233,23 +248,23 @@ class Synthesizer(SynthesizerBase):
         for name in ("cost_per_audio_s", "startup_cost_s"):  # measured at the engine's warm-up
             if getattr(engine, name, None):
                 setattr(self.scheduler, name, getattr(engine, name))
-        self._inflight: tuple[Batch, object] | None = None  # the running batch and its abort handle
+        self._inflight: dict[int, tuple[Batch, object]] = {}  # running batches and their abort handles
 
     async def stop(self) -> None:
-        if self._inflight is not None:
-            self._inflight[1].terminate = True  # do not make shutdown wait for a long segment
+        for _, run_options in self._inflight.values():
+            run_options.terminate = True  # do not make shutdown wait for a long segment
         await super().stop()
 
     async def _run(self, batch: Batch) -> BatchResult:
         run_options = self.engine.run_options()
-        self._inflight = (batch, run_options)
+        self._inflight[id(batch)] = (batch, run_options)
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._execute, batch, run_options)
         except Exception as exc:  # the executor itself failed: fail the batch's streams
             log.exception("inference worker failed")
             return BatchResult([exc] * len(batch.preps), [exc] * len(batch.windows))
         finally:
-            self._inflight = None
+            del self._inflight[id(batch)]
 
     def _batch_size(self, batch: Batch) -> int:
         return len(batch.windows)
@@ -261,12 +276,10 @@ class Synthesizer(SynthesizerBase):
         waits for the orphaned tick (a long segment's front part plus a 64-frame window: 100-300 ms
         on a busy 2-core machine). onnxruntime stops a run whose ``RunOptions.terminate`` is set.
         """
-        if self._inflight is None:
-            return
-        batch, run_options = self._inflight
-        if self.scheduler.orphaned(batch):
-            run_options.terminate = True
-            self.metrics.batches_aborted.inc()
+        for batch, run_options in self._inflight.values():
+            if not run_options.terminate and self.scheduler.orphaned(batch):
+                run_options.terminate = True
+                self.metrics.batches_aborted.inc()
 
     def _execute(self, batch: Batch, run_options=None) -> BatchResult:
         """Worker thread: front parts first, then every window of the tick in one decode call."""

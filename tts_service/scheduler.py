@@ -82,7 +82,8 @@ class SchedulerOptions:
     max_tick_frames: int = 200  # latent frames (with context) per tick, start-up work exempt
     startup_s: float = 0.3  # a stream with less audio than this computed is starting up
     context_frames: int = 11  # the engine's context per window side; set from the engine by the runtime
-    capacity: float = 0.85  # fraction of the worker's time streams may take before refusing
+    capacity: float = 0.85  # fraction of each worker's time streams may take before refusing
+    workers: int = 0  # worker threads running batches; 0: the runtime picks for the engine (1 today)
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
     first_cut_s: float = 0.4  # text without a boundary for this long is cut at a word (see _starving)
     # Text never stranded (see _stranded): when no text came for this long, whatever is buffered
@@ -458,12 +459,16 @@ class Scheduler(StreamScheduler):
         if starting and (starting + 1) * self.startup_cost_s > first_s * self.opt.capacity:
             # A burst: every starting stream's start-up runs before anyone's second window, so
             # the queue of start-ups must fit in the first window's audio of the earliest one.
+            # (One worker's share, whatever their number: start-up costs are measured mostly
+            # alone, and two workers on two cores drain the queue no faster than one with two
+            # threads - with their share, nine simultaneous starts were all admitted and fell
+            # silent for 0.4-0.5 s.)
             wait_ms = round(starting * self.startup_cost_s * 1000)
             return Overloaded(
                 min(1000, max(100, wait_ms)),
                 f"{starting} streams are starting; their first audio needs the synthesis worker for ~{wait_ms} ms",
             )
-        if talking and (talking + 1) * self.cost_per_audio_s > self.opt.capacity:
+        if talking and (talking + 1) * self.cost_per_audio_s > self._share():
             # Streams free capacity as they finish; a turn lasts seconds, so ask for a short wait.
             return Overloaded(
                 1000,
@@ -488,6 +493,12 @@ class Scheduler(StreamScheduler):
             )
         )
 
+    def _share(self) -> float:
+        """Worker seconds per second streams may take: ``capacity`` of each worker. (Costs are
+        wall seconds of batches, measured while the workers share the cores, so two busy workers
+        each see their batches slow down and the sum stays honest.)"""
+        return self.opt.capacity * max(1, self.opt.workers)
+
     def starting(self, now: float) -> int:
         """Streams with no audio yet that will soon need their start-up: text is waiting, or the
         context was opened less than ``talk_idle_s`` ago (its text is on its way)."""
@@ -505,7 +516,7 @@ class Scheduler(StreamScheduler):
 
     def capacity_streams(self) -> int:
         """How many real-time streams the measured cost allows (an estimate for ``/readyz``)."""
-        limit = math.floor(self.opt.capacity / max(self.cost_per_audio_s, 1e-6))
+        limit = math.floor(self._share() / max(self.cost_per_audio_s, 1e-6))
         return min(limit, self.opt.max_streams) if self.opt.max_streams is not None else limit
 
     def _queue(self, s: _Stream, texts: list[str]) -> None:

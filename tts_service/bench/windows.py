@@ -80,7 +80,7 @@ def threads(engine: PiperEngine, repeats: int) -> None:
 
 
 def workers(seconds: float) -> None:
-    for n_threads, n_workers in ((2, 1), (1, 2)):
+    for n_threads, n_workers in ((2, 1), (1, 2), (2, 2)):
         engine = _engine(n_threads)
         frames = [0] * n_workers
         stop = time.perf_counter() + seconds
