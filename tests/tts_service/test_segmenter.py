@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tts_service.segmenter import Segmenter, SegmenterOptions
+from tts_service.segmenter import Segmenter, SegmenterOptions, _leans_forward
 
 PARAGRAPH = (
     "Hello there, my friend. I paid $3.50 to Dr. Smith at example.com on Jan. 5, 2024! "
@@ -268,3 +268,16 @@ def test_cut_words_does_not_strand_a_function_word(pending: str, cut: str, left:
     assert seg.push(pending) == []
     assert seg.cut_words(3) == ([cut] if cut else [])
     assert seg.pending == left
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=TEXT, min_words=st.integers(0, 4))
+def test_cut_words_loses_nothing_and_never_ends_on_a_leaning_word(text: str, min_words: int) -> None:
+    seg = Segmenter(SegmenterOptions(opening_max_words=0, first_max_chars=10_000, max_chars=10_000))
+    pushed = seg.push(text)
+    cut = seg.cut_words(min_words)
+    assert (" ".join(pushed + cut) + " " + seg.pending).split() == text.split()
+    if cut:
+        (head,) = cut
+        assert len(head.split()) >= 1
+        assert not _leans_forward(head.split()[-1]), head
