@@ -1,6 +1,6 @@
 """First LLM token -> first audio frame in a Pipecat pipeline, and what the cuts cost in intelligibility.
 
-    .venv/bin/python scripts/tts_first_audio.py --json out/first_audio.json          # ~4 min
+    .venv/bin/python scripts/tts_first_audio.py --json out/first_audio.json          # ~2.5 min
     .venv/bin/python scripts/tts_first_audio.py --replies 6 --no-wer                  # quick look
 
 The scenario of issue 11: an LLM streams a reply at 25 tokens/s (one word every 40 ms, as
