@@ -472,7 +472,9 @@ def _text_of(content: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="offline OpenAI-compatible chat endpoint (SmolLM2 by default)")
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.local_llm", description="offline OpenAI-compatible chat endpoint (SmolLM2 by default)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--model", default=None, help=f"GGUF file or HF model directory (env {MODEL_ENV})")
