@@ -52,9 +52,13 @@ def summarise(sessions: list[dict]) -> dict:
     barges = [b for b in measured if b.get("silence_ms") is not None]
     files = [s["from_file"] for s in sessions]
     file_v2v = [f[k] for f in files for k in ("barge_in_reply_v2v_ms", "answer_v2v_ms") if f[k] is not None]
+    answers = [s["answer"] for s in sessions if s["answer"]]
     return {
         "sessions": len(sessions),
         "voice_to_voice_ms": _stats([t["v2v_ms"] for t in turns]),
+        # the reply to the question alone (the other reply answers speech that trails off, "..., please.")
+        "answer_voice_to_voice_ms": _stats([a["v2v_ms"] for a in answers]),
+        "answer_server_stages_ms": _stage_medians([a["server"] for a in answers if a.get("server")], TURN_STAGES),
         "voice_to_voice_server_stages_ms": _stage_medians([t["server"] for t in turns if t.get("server")], TURN_STAGES),
         "barge_in_yield_ms": _stats([b["yield_ms"] for b in barges]),
         "barge_in_silence_ms": _stats([b["silence_ms"] for b in barges]),
@@ -81,6 +85,8 @@ def report(mode: str, s: dict) -> str:
             f" {s['barge_ins_kept_talking']} where the agent kept talking",
             _line("voice-to-voice at page", s["voice_to_voice_ms"]),
             f"    server stages (median ms after the caller's speech end): {stages}",
+            _line("  of which the question's", s["answer_voice_to_voice_ms"]),
+            "    server stages: " + ", ".join(f"{k} {v}" for k, v in s["answer_server_stages_ms"].items()),
             _line("barge-in yield at page", s["barge_in_yield_ms"]),
             _line("barge-in silence at page", s["barge_in_silence_ms"]),
             f"    server stages (median ms after the caller's speech onset): {bstages}",

@@ -412,6 +412,7 @@ function onBotStop(last) {
   if (!g) return;
   det.barge = null;
   const gone = last + 0.01;
+  if (gone <= g.onset) return; // the agent had finished before the caller spoke: no barge-in
   addPageRecord({
     kind: "barge-in",
     t: gone,
