@@ -166,7 +166,9 @@ async function connect() {
   const pc = new RTCPeerConnection({ iceServers: [] }); // same host or LAN: no STUN server to ask
   conn.pc = pc;
   pc.addTransceiver(stream.getAudioTracks()[0], { direction: "sendrecv" });
-  pc.addTransceiver("video", { direction: "sendrecv" }); // SmallWebRTC's layout: camera video second
+  // SmallWebRTC's layout: camera video second, screen video third (both stay empty here)
+  pc.addTransceiver("video", { direction: "sendrecv" });
+  pc.addTransceiver("video", { direction: "sendonly" });
   const dc = pc.createDataChannel("rtvi", { ordered: true });
   conn.dc = dc;
   dc.onopen = () => {
