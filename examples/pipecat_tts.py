@@ -16,8 +16,8 @@ another streamvox server.
 
 The page at http://localhost:7860 is Pipecat's development runner and its prebuilt playground
 (``/client/``), as in any Pipecat app; that playground fetches Daily's transport bundle from a CDN
-(c.daily.co), so it needs internet. Offline, ``make demo`` (``python -m pipelines.pipecat_agent``)
-serves this repository's own page instead.
+(c.daily.co) and reports to sentry.io (seen in headless Chromium), so it needs internet. Offline,
+``make demo`` (``python -m pipelines.pipecat_agent``) serves this repository's own page instead.
 """
 
 import os
