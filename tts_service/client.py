@@ -442,14 +442,17 @@ class TTSClient:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         if replica.host_header:
             headers["Host"] = replica.host_header
-        ws = await self._session().ws_connect(
-            replica.url,
-            headers=headers,
-            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self.connect_timeout),
-            heartbeat=30.0,
-            max_msg_size=0,
-            server_hostname=replica.server_hostname,
-        )
+        # Bounded as a whole: a pod's address can vanish without a reset (packets just dropped),
+        # and TCP's own connect timeout is minutes - long enough to stall a turn.
+        async with asyncio.timeout(self.connect_timeout):
+            ws = await self._session().ws_connect(
+                replica.url,
+                headers=headers,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self.connect_timeout),
+                heartbeat=30.0,
+                max_msg_size=0,
+                server_hostname=replica.server_hostname,
+            )
         try:
             msg = await asyncio.wait_for(ws.receive(), self.connect_timeout)
             if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
