@@ -30,14 +30,16 @@ class PlaybackSink(Protocol):
     """The last buffer before the listener.
 
     ``flush()`` drops everything queued but not yet played, immediately, and returns the
-    **milliseconds** of audio dropped (rounded to the nearest ms; milliseconds rather than
-    samples so callers need not know the sink's rate). ``queued_ms`` is audio accepted by
-    ``write`` but not yet played.
+    **milliseconds** of audio dropped (milliseconds rather than samples so callers need not know
+    the sink's rate; exact, not rounded, where the sink knows: a pause that must resume on the
+    very next sample converts it back to samples, and reading ``queued_ms`` first is not enough,
+    the device plays on between the two calls). ``queued_ms`` is audio accepted by ``write``
+    but not yet played.
     """
 
     def write(self, frame: bytes) -> None: ...
 
-    def flush(self) -> int: ...
+    def flush(self) -> float: ...
 
     @property
     def queued_ms(self) -> float: ...
@@ -104,11 +106,11 @@ class ArraySink:
         self._queued += samples.size
         self.written_samples += samples.size
 
-    def flush(self) -> int:
-        """Drop all unplayed audio now; returns the dropped milliseconds (rounded)."""
+    def flush(self) -> float:
+        """Drop all unplayed audio now; returns the dropped milliseconds (exact)."""
         now = self._clock()
         self._play_until(now)
-        dropped_ms = round(self._ms(self._queued))
+        dropped_ms = self._ms(self._queued)
         self._queue.clear()
         self._queued = 0
         self._run_start = None
@@ -205,8 +207,8 @@ class WavFileSink:
         self._wav.writeframes(frame)
         self.written_samples += len(frame) // 2
 
-    def flush(self) -> int:
-        return 0
+    def flush(self) -> float:
+        return 0.0
 
     @property
     def queued_ms(self) -> float:

@@ -341,9 +341,9 @@ class SpeechOutput:
         self._fade_in = np.zeros(0, dtype=np.int32)
         # while paused the bot is already quiet (or fading): a second fade would be audio after silence
         fade_n = round(self.fade_ms * self.sample_rate / 1000) if fade and paused is None else 0
-        queued = self._samples(self.sink.queued_ms)
-        upcoming = self._upcoming(fade_n, queued) if fade_n else np.zeros(0, dtype=np.int16)
         sink_ms = float(self.sink.flush())
+        queued = self._samples(sink_ms)  # what the flush dropped (the device plays on until then)
+        upcoming = self._upcoming(fade_n, queued) if fade_n else np.zeros(0, dtype=np.int16)
         jitter_ms = self.jitter.flush()
         flushed_at = self.clock()  # the sink played nothing of the old queue after this
         self._written -= queued  # written but never played: not part of what was heard
@@ -386,8 +386,7 @@ class SpeechOutput:
         if self._pause is not None:
             return self._pause
         utt = self._current
-        queued = self._samples(self.sink.queued_ms)
-        self.sink.flush()
+        queued = self._samples(float(self.sink.flush()))  # exactly what was dropped: resumed from there
         flushed_at = self.clock()
         start = max(0, self._recent.size - queued)
         held = self._recent[start:].copy()
