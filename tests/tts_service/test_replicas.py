@@ -203,3 +203,26 @@ async def test_a_replica_killed_mid_turn_fails_that_turn_and_the_next_goes_elsew
     assert [f.seq for f in got] == list(range(len(got))), "frames of the dead turn are never repeated"
     assert nxt.context_id != ctx.context_id and nxt.replica_url != victim.ws_url and nxt.done
     assert first_at - t_kill < 5.0  # ~1 s asked; generous on a shared machine
+
+
+async def test_a_replica_that_accepts_but_never_answers_is_skipped(engine) -> None:
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # a hung process: the socket opens, nothing ever comes back
+
+    hung = await asyncio.start_server(hold, "127.0.0.1", 0)
+    hung_url = f"ws://127.0.0.1:{hung.sockets[0].getsockname()[1]}{P.WS_PATH}"
+    try:
+        async with replicas(engine, ["127.0.0.1"], max_streams=4) as (live,):
+            client = TTSClient([hung_url, live.ws_url], probe_timeout_s=0.3, connect_timeout=1.0)  # type: ignore[attr-defined]
+            try:
+                t0 = time.monotonic()
+                ctx, frames = await speak(client, SHORT, pace=False)
+                took = time.monotonic() - t0
+            finally:
+                await client.close()
+    finally:
+        hung.close()
+    assert frames and ctx.replica_url == live.ws_url  # type: ignore[attr-defined]
+    hung_replica = next(r for r in client.replicas.replicas if r.url == hung_url)
+    assert hung_replica.failures == 1 and "readyz" in hung_replica.reason
+    assert took < 5.0, took  # the probe's 0.3 s, not TCP's minutes
