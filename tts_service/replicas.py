@@ -156,6 +156,8 @@ class ReplicaSet:
                 server_hostname=host if parts.scheme == "wss" else None,
             )
         if not fresh:
+            if self._replicas:  # no ready pod right now (all full or draining): keep trying the last ones
+                return self.replicas
             raise OSError(f"{host} resolved to no address")
         self._replicas, self._resolved_at = fresh, now
         return self.replicas

@@ -38,15 +38,19 @@ async def test_a_dns_failure_keeps_the_last_answer() -> None:
 
     async def resolver(host: str, port: int) -> list[str]:
         calls["n"] += 1
-        if calls["n"] > 1:
+        if calls["n"] == 2:
             raise OSError("temporary failure in name resolution")
-        return ["10.0.0.9"]
+        return ["10.0.0.9"] if calls["n"] == 1 else []  # then: no ready pod at all
 
     rs = ReplicaSet("ws://tts.svc:8765/v1/stream", discover=True, resolver=resolver, dns_ttl_s=0.0)
     assert len(await rs.refresh()) == 1
     assert [r.url for r in await rs.refresh()] == ["ws://10.0.0.9:8765/v1/stream"]
+    assert [r.url for r in await rs.refresh()] == ["ws://10.0.0.9:8765/v1/stream"]  # empty answer
+    calls["n"] = 1
     fresh = ReplicaSet("ws://tts.svc:8765/v1/stream", discover=True, resolver=resolver, dns_ttl_s=0.0)
     with pytest.raises(OSError, match=r"cannot resolve tts\.svc"):
+        await fresh.refresh()
+    with pytest.raises(OSError, match="no address"):
         await fresh.refresh()
 
 
