@@ -115,6 +115,7 @@ class StreamvoxStats:
     max_lag_s: float = 0.0  # worst delivery lag behind a real-time player (playout gaps), any context
     drains: int = 0  # connections replaced between turns because their replica drained
     contexts_lost: int = 0  # contexts cut by a lost connection (ended with an error, never replayed)
+    contexts_moved: int = 0  # starts refused (full/draining) and opened again on another replica
 
     @property
     def reconnects(self) -> int:
@@ -131,6 +132,11 @@ class _Context:
     play_end: float = 0.0  # when a real-time player started at the first frame finishes it
     first_at: float | None = None
     lag_s: float = 0.0  # how far delivery has fallen behind that player (underruns), never shrinks
+    # Until ``started``: the start options and the messages sent after the start, so that a start
+    # refused for lack of room (nothing spoken yet) can be opened again on another replica.
+    start_opts: dict[str, Any] = field(default_factory=dict)
+    unconfirmed: list[str] | None = field(default_factory=list)
+    moves: int = 0
 
     @property
     def context_id(self) -> str:
@@ -276,9 +282,9 @@ class StreamvoxTTSService(WebsocketTTSService):
             return ws, info, replica
         raise last or ConnectionError("no replica to connect to")
 
-    async def _connect_websocket(self) -> None:
+    async def _connect_websocket(self, *, replace: bool = False) -> None:
         ws = self._open_socket()
-        if ws is not None and not self._session.draining:
+        if ws is not None and not self._session.draining and not replace:
             return
         try:
             ws, info, replica = await self._dial()
@@ -343,7 +349,7 @@ class StreamvoxTTSService(WebsocketTTSService):
         old = self._websocket
         self.stats.drains += 1
         logger.info(f"{self} {why}: moving to another replica between turns")
-        await self._connect_websocket()
+        await self._connect_websocket(replace=True)
         if old is not None and self._websocket is not old:
             await old.close()
 
@@ -373,19 +379,20 @@ class StreamvoxTTSService(WebsocketTTSService):
                 if self._session.was_finished(context_id):
                     return  # late tokens of a finished (or cancelled) turn: never spoken again
                 voice = self._settings.voice
+                opts = {
+                    "voice": voice if isinstance(voice, str) and voice else None,
+                    "sample_rate": self._request_rate,
+                    "encoding": P.PCM_S16LE,
+                    "pace": self._pace,
+                }
                 # Registered before the send, so an interruption racing it still cancels it.
-                s, message = self._session.start(
-                    context_id,
-                    voice=voice if isinstance(voice, str) and voice else None,
-                    sample_rate=self._request_rate,
-                    encoding=P.PCM_S16LE,
-                    pace=self._pace,
-                    text=text,
-                )
-                s.owner = _Context(s)
+                s, message = self._session.start(context_id, text=text, **opts)
+                s.owner = _Context(s, start_opts={**opts, "text": text})
                 self.stats.contexts += 1
             else:
                 message = self._session.text(s, text)
+                if message is not None and s.owner.unconfirmed is not None:
+                    s.owner.unconfirmed.append(message)
             if message is not None:
                 await ws.send(message)
             await self.start_tts_usage_metrics(text)
@@ -402,6 +409,8 @@ class StreamvoxTTSService(WebsocketTTSService):
         message = self._session.end(s) if s is not None and ws is not None else None
         if message is None:
             return
+        if s.owner.unconfirmed is not None:
+            s.owner.unconfirmed.append(message)
         try:
             await ws.send(message)
         except Exception as exc:
@@ -530,6 +539,7 @@ class StreamvoxTTSService(WebsocketTTSService):
     async def _on_message(self, msg: dict[str, Any]) -> None:
         ev = self._session.receive_message(msg)
         if isinstance(ev, Started):
+            ev.ctx.owner.unconfirmed = None  # admitted: from here on nothing is ever re-sent
             if ev.ctx.encoding != P.PCM_S16LE:  # a server bug: we never ask for anything else
                 self._session.gate(ev.ctx)
                 await self.push_error(error_msg=f"{self}: server sent {ev.ctx.encoding!r}, not pcm_s16le")
@@ -563,7 +573,42 @@ class StreamvoxTTSService(WebsocketTTSService):
         if self._session.draining and not self._session.open_contexts and not self._disconnecting:
             await self._switch_replica("the replica is draining")
 
+    async def _move_refused(self, ev: Failed) -> bool:
+        """A start refused for lack of room (``overloaded``/``draining``, nothing spoken) is opened
+        again on another replica, with the text it had; True if it was."""
+        s = ev.ctx
+        ctx: _Context | None = s.owner if s is not None else None
+        if (
+            ctx is None
+            or not ev.retry_elsewhere
+            or ctx.unconfirmed is None
+            or s.gated
+            or ctx.moves + 1 >= len(self._replicas.replicas)
+            or self._session.open_contexts  # other live turns keep this connection
+        ):
+            return False
+        if self._replica is not None:
+            retry_s = (ev.retry_after_ms or 1000) / 1000
+            self._replicas.mark_failed(self._replica, ev.code, retry_after_s=retry_s)
+        await self._switch_replica(f"start refused ({ev.code})")
+        ws = self._open_socket()
+        if ws is None or self._session.get(s.context_id) is not None:
+            return False
+        moved, start = self._session.start(s.context_id, **ctx.start_opts)
+        moved.owner, ctx.s, ctx.moves = ctx, moved, ctx.moves + 1
+        try:
+            for message in [start, *ctx.unconfirmed]:
+                await ws.send(message)
+        except Exception as exc:
+            logger.warning(f"{self} re-opening {s.context_id} on another replica failed: {exc}")
+            return False
+        moved.ended = s.ended
+        self.stats.contexts_moved += 1
+        return True
+
     async def _on_error(self, ev: Failed) -> None:
+        if await self._move_refused(ev):
+            return
         text = f"streamvox {ev.code}: {ev.message}"
         if ev.retry_after_ms is not None:
             text += f" (retry after {ev.retry_after_ms} ms)"

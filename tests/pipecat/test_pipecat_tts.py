@@ -30,6 +30,9 @@ from pipecat.tests.utils import SleepFrame, run_test
 
 from agent.pipecat import StreamvoxTTSService
 from tests.pipecat.harness import RealtimePlayer, counting_server, llm_reply
+from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
+from tts_service.client import TTSClient
+from tts_service.scheduler import SchedulerOptions
 
 METRICS = PipelineParams(enable_metrics=True, report_only_initial_ttfb=False)
 
@@ -246,3 +249,35 @@ async def test_replicas_skip_a_dead_one_and_a_drain_moves_between_turns(engine, 
     assert tts.stats.drains >= 1 and tts.stats.contexts_lost == 0
     assert other.ws_connections == 1, "the second turn went to the replica that was not draining"
     assert tts._replica is not None and tts._replica.url == other.ws_url
+
+
+async def test_a_start_refused_by_a_full_replica_is_opened_on_another(engine):
+    one_stream = SchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_streams=1)
+    async with counting_server(engine, options=one_stream) as a, counting_server(engine, options=one_stream) as b:
+        tts = StreamvoxTTSService(url=[a.ws_url, b.ws_url], sample_rate=16000, pace=False)
+        busy: list[TTSClient] = []
+
+        async def fill_the_replica_it_chose() -> None:
+            # after set-up, another agent takes the only stream of the replica this service is on
+            while tts._replica is None:
+                await asyncio.sleep(0.02)
+            client = TTSClient(tts._replica.url)
+            busy.append(client)
+            ctx = await client.open(text=LONG_REPLY, pace=True)
+            await ctx.end()
+
+        filler = asyncio.create_task(fill_the_replica_it_chose())
+        try:
+            frames = [SleepFrame(sleep=1.5), *llm_reply(NEXT_REPLY), SleepFrame(sleep=3.0)]
+            down, up = await run_test(tts, frames_to_send=frames)
+            await filler
+        finally:
+            filler.cancel()
+            for client in busy:
+                await client.close()
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert not errors, errors  # the refusal was absorbed, not reported
+    assert _audio(down) and sum(len(f.audio) for f in _audio(down)) / 2 / 16000 > 1.0
+    assert tts.stats.contexts_moved == 1 and tts.stats.contexts == 1
+    full = busy[0].replicas.replicas[0].url
+    assert tts._replica is not None and tts._replica.url != full
