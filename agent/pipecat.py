@@ -14,7 +14,9 @@ What it does differently from Pipecat's stock WebSocket TTS services, and why:
   acknowledged), through ``WebsocketService``'s reconnect with exponential backoff.
 * **Replicas.** ``url`` may be a list of replicas (or, with ``discover=True``, one DNS name with an
   address per replica). A connection goes to the less loaded of two (their ``/readyz``); one that
-  refuses or does not answer is backed off. When the server announces its drain, the turn in
+  refuses or does not answer is backed off; a turn whose start is refused for lack of room
+  (``overloaded``/``draining``: nothing was spoken) is opened again on another replica with the
+  text it had. When the server announces its drain, the turn in
   progress plays to its end and the socket is replaced *between turns* by one on another replica
   (without ending the receive loop, so Pipecat's quick-failure tracking never sees a drop). A
   socket that dies mid-turn ends that turn with an ``ErrorFrame`` (its audio is never replayed);

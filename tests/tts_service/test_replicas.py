@@ -226,3 +226,23 @@ async def test_a_replica_that_accepts_but_never_answers_is_skipped(engine) -> No
     hung_replica = next(r for r in client.replicas.replicas if r.url == hung_url)
     assert hung_replica.failures == 1 and "readyz" in hung_replica.reason
     assert took < 5.0, took  # the probe's 0.3 s, not TCP's minutes
+
+
+async def test_a_start_refused_by_a_full_replica_is_opened_on_another_at_once(engine) -> None:
+    async with replicas(engine, ["127.0.0.1"] * 2, max_streams=1) as servers:
+        urls = [s.ws_url for s in servers]  # type: ignore[attr-defined]
+        client = TTSClient(urls)
+        other = None
+        try:
+            await client.connect()
+            full = client.replica_url
+            other = TTSClient(full)  # another agent takes the only stream of that replica
+            busy = await other.open(text=TURN, pace=True)
+            await busy.end()
+            ctx, frames = await speak(client, SHORT, pace=False)  # refused there, served elsewhere
+        finally:
+            await client.close()
+            if other is not None:
+                await other.close()
+    assert frames and ctx.done and ctx.replica_url != full
+    assert client.retries_elsewhere == 1 and client.connections == 2
