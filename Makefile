@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-tts test lint venv serve clean browser-deps
+.PHONY: demo demo-tts test lint venv serve clean browser-deps haproxy-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,15 @@ browser-deps:
 	  exit 1; \
 	fi
 
-test: $(STAMP) browser-deps
+# tests/deploy checks deploy/haproxy/haproxy.cfg with `haproxy -c` and runs it in front of two
+# replicas: installed here when missing and root (CI); otherwise those two tests skip, saying so.
+haproxy-deps:
+	@command -v haproxy >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  echo "installing haproxy for the deploy tests (apt-get) ..." && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } || \
+	  echo "make test: haproxy not installed; the HAProxy checks in tests/deploy will skip" >&2
+
+test: $(STAMP) browser-deps haproxy-deps
 	$(PY) -m ruff check .
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
