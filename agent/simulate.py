@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -466,16 +467,23 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--caller-text", default=CALLER_TEXT)
     b.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     b.set_defaults(func=_cli)
+    f = scenarios.add_parser(
+        "false-interruption",
+        help="a cough or noise burst over a reply: the bot yields, resumes, and loses or repeats nothing",
+    )
+    f.add_argument("--url", default=os.environ.get("STREAMVOX_URL"), help="a running server (default: start one)")
+    f.add_argument("--in-process", action="store_true", help="without --url: run the server in a thread, not a process")
+    f.add_argument("--sound", choices=["cough", "noise"], default="cough")
+    f.add_argument("--runs", type=int, default=10)
+    f.add_argument("--at-ms", type=float, default=400.0, help="the sound starts this long into the reply")
+    f.add_argument("--spread-ms", type=float, default=300.0, help="vary the start over runs within this many ms")
+    f.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    f.set_defaults(func=_cli_false)
 
 
-def _cli(args: argparse.Namespace) -> int:
-    if args.runs < 1:
-        print("streamvox: --runs must be >= 1", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from rich.console import Console
-
-    console = Console(width=None if sys.stdout.isatty() else 160)  # tables stay whole in logs
+@contextlib.contextmanager
+def _server_url(args: argparse.Namespace, console) -> Iterator[str]:
+    """``--url``, or a server of our own (subprocess, or ``--in-process`` thread) for the run."""
     proc = None
     local = None
     url = args.url
@@ -487,6 +495,70 @@ def _cli(args: argparse.Namespace) -> int:
         elif url is None:
             console.print("starting the server (subprocess) ...")
             proc, url = _spawn_server()
+        yield url
+    finally:
+        if proc is not None:
+            proc.stop()
+        if local is not None:
+            local.stop()
+
+
+def _console():
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)  # tables stay whole in logs
+
+
+def _cli_false(args: argparse.Namespace) -> int:
+    from .simulate_false import simulate_false, summary_lines
+
+    if args.runs < 1:
+        print("streamvox: --runs must be >= 1", file=sys.stderr)
+        return 2
+    console = _console()
+    with _server_url(args, console) as url:
+        console.print(
+            f"server {url}: {args.runs} run(s), a {args.sound} at {args.at_ms:.0f} ms (+0-{args.spread_ms:.0f})"
+        )
+
+        def on_run(r) -> None:
+            print(
+                f"run {r.index + 1}: {r.pauses} pause(s), yield ms {[round(y) for y in r.yield_ms]}, "
+                f"gap ms {[round(g) for g in r.gap_ms]}, reply {r.status}, "
+                f"played {r.samples_played} of {r.samples_sent} samples"
+                + ("" if r.ok else f" | PROBLEMS {r.problems}"),
+                flush=True,
+            )
+
+        try:
+            results = asyncio.run(
+                simulate_false(
+                    url,
+                    sound=args.sound,
+                    runs=args.runs,
+                    at_ms=args.at_ms,
+                    spread_ms=args.spread_ms,
+                    make_output=make_output,
+                    on_run=on_run,
+                )
+            )
+        except TTSConnectionError as exc:
+            print(f"streamvox: {exc} (is `streamvox serve` running at {url}?)", file=sys.stderr)
+            return 2
+    for line in summary_lines(results):
+        print(line, flush=True)
+    if args.json:
+        _write_json(args.json, [{**asdict(r), "ok": r.ok} for r in results], console)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _cli(args: argparse.Namespace) -> int:
+    if args.runs < 1:
+        print("streamvox: --runs must be >= 1", file=sys.stderr)
+        return 2
+    console = _console()
+    with _server_url(args, console) as url:
         console.print(f"synthesising the caller's speech: {args.caller_text!r}")
         audio = synthesize_speech(args.caller_text)
         console.print(f"server {url}: {args.runs} run(s), caller at {args.at_ms:.0f} ms (+0-{args.spread_ms:.0f})")
@@ -522,18 +594,17 @@ def _cli(args: argparse.Namespace) -> int:
         except TTSConnectionError as exc:
             print(f"streamvox: {exc} (is `streamvox serve` running at {url}?)", file=sys.stderr)
             return 2
-    finally:
-        if proc is not None:
-            proc.stop()
-        if local is not None:
-            local.stop()
     print_report(report, console)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.to_dict(), indent=2))
-        console.print(f"wrote {path}")
+        _write_json(args.json, report.to_dict(), console)
     return 0 if report.ok else 1
+
+
+def _write_json(name: str, data: Any, console) -> None:
+    path = Path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    console.print(f"wrote {path}")
 
 
 def _fmt(v: float | None, digits: int = 0) -> str:
