@@ -79,7 +79,8 @@ class Window:
 @dataclass(slots=True)
 class _Voice:
     files: VoiceFiles
-    front: object  # onnxruntime.InferenceSession
+    front: object  # onnxruntime.InferenceSession, one intra-op thread: segments read ahead
+    front_urgent: object  # the same part with all threads: a segment the listener waits for
     back: object
     espeak_voice: str
     id_map: dict[str, list[int]]
@@ -140,6 +141,7 @@ class PiperEngine:
         voice = _Voice(
             files=files,
             front=self._session(files.front_path, threads=1),
+            front_urgent=self._session(files.front_path),
             back=back,
             espeak_voice=cfg.get("espeak", {}).get("voice", "en-us"),
             id_map=cfg["phoneme_id_map"],
@@ -160,10 +162,9 @@ class PiperEngine:
     def _session(self, path: Path, *, threads: int | None = None):
         opts = self._ort.SessionOptions()
         # onnxruntime's own default thread count was measured 4x slower here (332 vs 79 ms for a
-        # 64-frame window on 2 cores): pin it to the CPUs this process may use. The front part
-        # (many small sequential nodes: encoder, duration flows, flow) runs on one thread: two
-        # gave the same wall time (17.6 vs 17.5 ms for a 26-character segment) for ~30 % more CPU;
-        # the decoder's convolutions do gain from two (26 vs 38 ms for a 65-frame span).
+        # 64-frame window on 2 cores): pin it to the CPUs this process may use (``threads``:
+        # fewer, for the front part's read-ahead session, see prepare()). The decoder's
+        # convolutions gain from two threads (26 vs 38 ms for a 65-frame span).
         opts.intra_op_num_threads = threads or self.threads or len(os.sched_getaffinity(0))
         # Spinning worker threads fight the event loop (and any neighbour) for the same cores:
         # measured 207 -> 69 ms per 64-frame window on a busy 2-core machine with spinning off.
@@ -215,7 +216,7 @@ class PiperEngine:
         free = self.free_frames(voice)
         for timed in (False, True):
             t0 = time.perf_counter()
-            first = self.prepare(_WARM_UP_FIRST, voice)
+            first = self.prepare(_WARM_UP_FIRST, voice, urgent=True)  # (warms that session too)
             if first is None:  # pragma: no cover - espeak always speaks this
                 return
             self.decode([Window(first, 0, min(first.frames, free))])
@@ -265,8 +266,15 @@ class PiperEngine:
         it to drop a batch that only cancelled streams still wait for."""
         return self._ort.RunOptions()
 
-    def prepare(self, text: str, voice: str | None = None, run_options=None) -> Prepared | None:
-        """Front part for one segment; ``None`` when the text has nothing to speak."""
+    def prepare(
+        self, text: str, voice: str | None = None, run_options=None, *, urgent: bool = False
+    ) -> Prepared | None:
+        """Front part for one segment; ``None`` when the text has nothing to speak.
+
+        ``urgent``: the listener is waiting for this segment's first audio (a stream's start-up):
+        run it on all intra-op threads. Segments prepared ahead run on one: under outside load
+        two threads cut the front part's wall time (22 vs 29 ms for "Happy to help.", load 3)
+        but cost ~30 % more CPU, which only matters where nobody waits."""
         name = self.resolve(voice)
         v = self.voices[name]
         text = unicodedata.normalize("NFC", text).strip()
@@ -275,7 +283,8 @@ class PiperEngine:
         phonemes = [p for p in self._phonemize(v, text) if p in v.id_map]
         if not any(p not in _NON_SOUNDS and p != " " for p in phonemes):
             return None
-        z, durations = v.front.run([DEC_IN, DURATIONS], self._feed(v, phonemes), run_options)
+        front = v.front_urgent if urgent else v.front
+        z, durations = front.run([DEC_IN, DURATIONS], self._feed(v, phonemes), run_options)
         durations = durations.reshape(-1)
         words = self._word_times(v, text, phonemes, durations)
         return Prepared(text=text, z=z.astype(np.float32, copy=False), words=words, voice=name)

@@ -288,7 +288,7 @@ class Synthesizer(SynthesizerBase):
         fresh: dict[int, Prepared | BaseException | None] = {}
         for job in batch.preps:
             try:
-                p = self.engine.prepare(job.segment.text, job.voice, run_options)
+                p = self.engine.prepare(job.segment.text, job.voice, run_options, urgent=job.urgent)
             except Exception as exc:
                 if not getattr(run_options, "terminate", False):
                     log.exception("front part failed for %r", job.segment.text[:60])

@@ -178,6 +178,7 @@ class PrepJob:
     sid: int
     segment: _Segment
     voice: str
+    urgent: bool = False  # a start-up: the listener waits for it (the engine may spend more CPU)
 
 
 @dataclass(slots=True)
@@ -558,7 +559,7 @@ class Scheduler(StreamScheduler):
             s.in_flight = True
             if seg.prepared is None:
                 seg.prepping = True
-                preps.append(PrepJob(s.sid, seg, s.voice))
+                preps.append(PrepJob(s.sid, seg, s.voice, urgent=rank == 0 or lead <= 0.0))
             windows.append(WindowJob(s.sid, seg, seg.cursor, size))
         return Batch(preps, windows)
 

@@ -98,6 +98,17 @@ def test_windows_of_the_scheduler_plan_and_odd_cuts_are_exact(engine: PiperEngin
     assert np.max(np.abs(np.concatenate(chunks) - ref)) <= TOLERANCE
 
 
+def test_urgent_front_part_speaks_the_same(engine: PiperEngine) -> None:
+    """The all-threads session of the front part (start-ups) gives a segment of the same shape;
+    durations are sampled (noise_w), so lengths agree only roughly."""
+    a = engine.prepare("Would you like a table for two?")
+    b = engine.prepare("Would you like a table for two?", urgent=True)
+    assert a is not None and b is not None
+    assert a.z.shape[1] == b.z.shape[1] and abs(a.frames - b.frames) <= 0.2 * a.frames
+    assert [w for w, _, _ in a.words] == [w for w, _, _ in b.words]
+    assert rms(engine.decode_whole(b)) > 0.02
+
+
 def test_small_first_window(engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]) -> None:
     p, ref = prepared[0], whole[0]
     first = engine.decode([Window(p, 0, 6)])[0]

@@ -611,3 +611,19 @@ def test_a_batch_is_orphaned_once_all_its_streams_finished() -> None:
     sched.cancel(2)
     sched.discard(2)
     assert sched.orphaned(batch)
+
+
+def test_start_up_front_parts_are_urgent_read_ahead_ones_are_not() -> None:
+    """The engine may spend more CPU on a front part the listener waits for (all threads)."""
+    sched = new(SchedulerOptions(windows=(54, 64), compute_lead_s=1.0))
+    sched.add(1, voice="v", pace=True, now=0.0)
+    sched.push_text(1, "First sentence here. " + " ".join(["more"] * 40) + ". ", now=0.0)
+    batch = sched.schedule(0.0)
+    assert batch is not None and batch.preps[0].urgent  # the stream's first audio
+    sched.update(batch, compute(batch), 0.0)
+    urgencies = []
+    while (batch := sched.schedule(0.0)) is not None:
+        urgencies += [job.urgent for job in batch.preps]
+        sched.update(batch, compute(batch), 0.0)
+        sched.release(0.0)
+    assert urgencies == [False]  # the second segment, prepared while the first plays
