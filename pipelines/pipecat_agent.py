@@ -127,6 +127,9 @@ class Agent:
     figures: StageFigures
 
 
+USER_TURN_STOP_TIMEOUT_S = 2.0
+
+
 def turn_strategies(smart_turn_timeout_s: float = 1.0):
     """Pipecat's default end of turn (Silero VAD stop, then smart-turn v3) with a 1 s silence timeout.
 
@@ -147,7 +150,14 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
-    user_params = LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer(), user_turn_strategies=turn_strategies())
+    user_params = LLMUserAggregatorParams(
+        vad_analyzer=SileroVADAnalyzer(),
+        user_turn_strategies=turn_strategies(),
+        # A turn whose last VAD segment brings no transcript (a cough, a word Whisper drops) is
+        # closed by this timeout, not by the stop strategy; Pipecat's 5 s is dead air for the
+        # caller. Whisper answers in ~0.1-0.4 s here, smart-turn's own timeout is 1 s.
+        user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
+    )
     pair = LLMContextAggregatorPair(context, user_params=user_params)
     # YieldGate: bot audio reaches the transport only 80 ms ahead of the clock, and pauses at the
     # caller's first speech window until Pipecat's interruption confirms it (or resumes)

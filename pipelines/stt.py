@@ -8,10 +8,12 @@ the transcript (see docs/BENCHMARKS.md, "STT"). A voice turn needs neither: one 
 ``condition_on_previous_text`` only matters across 30 s windows, which a turn never spans.
 
 Whisper also pads every clip to 30 s: its encoder then spends most of its time on silence. The
-CTranslate2 encoder takes a shorter input, so :func:`transcribe` feeds it the clip plus one second
-of margin. Cut short, Whisper tends to repeat the utterance after its end; with timestamp tokens
-that repetition is visible (a later segment ending after the audio does, or restarting with the
-first segment's words) and is dropped. Clips longer than 28 s take faster-whisper's usual path.
+CTranslate2 encoder takes a shorter input, so :func:`transcribe` feeds it a 10 s window (or the
+clip plus one second, when longer). Not much shorter: below ~8 s Whisper loses the end of a
+one-word reply ("Yes." comes back empty, "No." as "No... No... No..."). With a window shorter than
+it was trained on, Whisper may also repeat the utterance after its end; with timestamp tokens that
+repetition is visible (a later segment ending after the audio does, or restarting with the first
+segment's words) and is dropped. Clips longer than 28 s take faster-whisper's usual path.
 
 The segment is transcribed as soon as the VAD stops (before the turn analyzer decides that the
 turn is over), so the transcript is usually ready when the decision comes.
@@ -69,7 +71,8 @@ def default_model_path() -> str:
 
 
 RATE = 16000
-_MARGIN_S = 1.0  # encoder input = clip + this much silence
+_MIN_WINDOW_S = 10.0  # encoder input: at least this long ...
+_MARGIN_S = 1.0  # ... and at least the clip plus this much silence
 _LATE_END_S = 1.0  # a later segment ending this long after the clip is a repetition
 _LONG_CLIP_S = 28.0
 
@@ -120,7 +123,7 @@ def transcribe_short(model, audio: np.ndarray, *, no_speech_threshold: float | N
     else:
         prompt = [sot, tok.token_to_id("<|en|>"), tok.token_to_id("<|transcribe|>")]
     feats = model.feature_extractor(audio)[:, :-1]
-    frames = min(3000, feats.shape[1] + int(_MARGIN_S * 100))
+    frames = min(3000, max(int(_MIN_WINDOW_S * 100), feats.shape[1] + int(_MARGIN_S * 100)))
     frames += frames % 2  # the encoder's stride-2 convolution
     feats = np.pad(feats, ((0, 0), (0, max(0, frames - feats.shape[1]))))[:, :frames]
     x = ctranslate2.StorageView.from_array(np.ascontiguousarray(feats[None], dtype=np.float32))
@@ -160,8 +163,19 @@ def _drop_repetition(segs: list[tuple[float | None, str]], duration: float) -> s
             late = end is None or end > duration + _LATE_END_S
             if late or _words(text)[:3] == _words(kept[0])[:3]:
                 break
-        kept.append(text.strip())
+        kept.append(_collapse_repeats(text.strip()))
     return " ".join(kept).strip()
+
+
+def _collapse_repeats(text: str) -> str:
+    """Collapse "Yes. Yes. Yes." to "Yes.": a segment that is one phrase said again and again (the loop a
+    short window provokes, inside one segment, without timestamps between the copies)."""
+    tokens = text.split()
+    words = [tuple(_words(t)) for t in tokens]
+    for size in range(1, len(tokens) // 2 + 1):
+        if len(tokens) % size == 0 and all(words[i] == words[i % size] for i in range(len(tokens))):
+            return " ".join(tokens[:size]).rstrip(",;:") if size < len(tokens) else text
+    return text
 
 
 def _words(text: str) -> list[str]:

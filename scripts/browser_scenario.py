@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="sessions per mode (default 5)")
     parser.add_argument("--modes", default="headphones,echo-cancellation", help="comma-separated, in this order")
     parser.add_argument("--json", type=Path, default=H.OUT / "scenario.json")
+    parser.add_argument("--verbose", action="store_true", help="the demo agent's DEBUG log (Pipecat's frames)")
     parser.add_argument("--summarise", type=Path, metavar="JSON", help="only print the summary of an earlier run")
     args = parser.parse_args(argv)
     if args.summarise:
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     raw: dict[str, list] = {}
     t0 = time.monotonic()
-    with H.Demo() as demo:
+    with H.Demo(verbose=args.verbose) as demo:
         for mode in modes:
             raw[mode] = []
             for i in range(args.runs):

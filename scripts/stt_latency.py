@@ -32,6 +32,15 @@ QUESTIONS = [
     "Could you remind me to call my sister at five?",
     "Hmm, I am not sure, can you say that again?",
     "Tell me a short story about a brave little fox who lived in the forest and loved the snow.",
+    # one-word replies, the hardest case for a short encoder window
+    "Yes.",
+    "No.",
+    "Please.",
+    "Okay.",
+    "Wait,",
+    "Stop.",
+    "Sure.",
+    "Thanks.",
 ]
 
 
@@ -61,7 +70,7 @@ def main() -> int:
     settings = {
         "pipecat default (30 s window, beam 5, timestamps)": DecodeOptions(beam_size=5, without_timestamps=False),
         "30 s window, greedy, no timestamps": DecodeOptions(),
-        "streamvox (clip-length window, greedy)": None,
+        "streamvox (10 s window, greedy)": None,
     }
     transcribe(model, clips[0])  # warm-up
     times: dict[str, list[float]] = {k: [] for k in settings}

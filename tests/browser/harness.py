@@ -169,9 +169,10 @@ class Demo:
     must not outlive a demo that was killed before it could stop them.
     """
 
-    def __init__(self, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *, env: dict[str, str] | None = None, verbose: bool = False) -> None:
         from tts_service.localproc import free_port
 
+        self.verbose = verbose
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self._env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
@@ -182,6 +183,7 @@ class Demo:
         from tts_service.localproc import StartError, wait_ready
 
         args = [sys.executable, "-m", "pipelines.pipecat_agent", "--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--verbose"] if self.verbose else []
         self.proc = subprocess.Popen(args, env=self._env, cwd=ROOT, start_new_session=True)
         try:
             wait_ready(self.base, self.proc, timeout_s, path="/", what="the demo agent")
