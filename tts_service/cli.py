@@ -206,9 +206,11 @@ def serve(args: argparse.Namespace) -> int:
 
 
 async def say(args: argparse.Namespace) -> int:
-    from .client import TTSClient, TTSConnectionError
+    from .client import TTSClient, TTSConnectionError, TTSError
 
     text = sys.stdin.read() if args.text == "-" else args.text
+    if not text.strip():
+        raise CliError("nothing to say: give a text (or - to read it from standard input)")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -218,6 +220,8 @@ async def say(args: argparse.Namespace) -> int:
             )
     except TTSConnectionError as exc:
         raise CliError(f"{exc} (is `streamvox serve` running at {args.url}?)") from None
+    except TTSError as exc:  # the server refused the request (a voice or rate it does not have, ...)
+        raise CliError(f"the server refused: {exc}") from None
     print(
         f"wrote {out}: {result['audio_s']:.2f} s of audio, TTFB {result['ttfb_ms']:.0f} ms, "
         f"real-time factor {result['rtf']:.2f} (wall {result['wall_s']:.2f} s; paced streams take about real time)"
