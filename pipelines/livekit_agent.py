@@ -382,5 +382,19 @@ async def entrypoint(ctx: JobContext) -> None:
         session.say(greeting)
 
 
+def _check_livekit_env(argv: list[str]) -> None:
+    """The worker commands need a LiveKit server: say so in one line instead of LiveKit's traceback."""
+    wants_server = any(cmd in argv[1:2] for cmd in ("dev", "start", "connect"))
+    missing = [v for v in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET") if not os.environ.get(v)]
+    if wants_server and missing and not any(a.startswith("--url") for a in argv):
+        raise SystemExit(
+            f"livekit_agent: set {', '.join(missing)} (your LiveKit server and its API key); "
+            "see `python -m pipelines.livekit_agent --help`"
+        )
+
+
 if __name__ == "__main__":
+    import sys
+
+    _check_livekit_env(sys.argv)
     cli.run_app(server)

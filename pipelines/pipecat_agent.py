@@ -43,6 +43,11 @@ import signal
 import sys
 from dataclasses import dataclass
 
+if __name__ == "__main__" and "--verbose" not in sys.argv:
+    # loguru's default sink logs DEBUG from the first import on, before main() can set the level:
+    # Pipecat's import-time DEBUG lines would reach the terminal of every `make demo`
+    os.environ.setdefault("LOGURU_LEVEL", "INFO")
+
 from loguru import logger
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.frames.frames import TTSSpeakFrame
@@ -222,6 +227,20 @@ def _start(child: ChildServer, timeout_s: float) -> ChildServer:
         raise SystemExit(f"pipecat_agent: {exc}; see its output above") from None
 
 
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(
+                f"pipecat_agent: cannot listen on {host}:{port} ({exc.strerror}); is a demo already running? "
+                "Pick another with --port"
+            ) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start what is missing (TTS server, local LLM) on loopback, then the demo room."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.pipecat_agent", description=__doc__.splitlines()[0])
@@ -231,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logger.remove()  # loguru's default sink is DEBUG: the per-turn INFO lines would drown
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
+    _check_port_free(args.host, args.port)  # before minutes of starting servers that would be for nothing
     children: list[ChildServer] = []
     # uvicorn re-raises a SIGTERM after its shutdown: exit through `finally`, which stops the children
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
