@@ -42,7 +42,8 @@ FUNCTION_WORDS = frozenset(
     """a an the to of in on at by for from with and or but nor so as than that which who whom whose
     my your his her its our their this these those is are was were be been am i you he she we they
     it not no if into onto over under about after before near through across around without within
-    between behind during toward towards per via""".split()
+    between behind during toward towards per via has have had do does did will would shall should can
+    could may might must""".split()
 )
 # Words that lean on the noun after them ("three | hotels", "the next | train"): a forced cut
 # does not end on them either. Superlatives ("the cheapest | one") are caught by their ending.

@@ -258,6 +258,8 @@ def test_fragments_below_min_chars_wait() -> None:
         ("I found three hotels near the", "I found three hotels", "near the"),
         ("I found three ", "I found", "three "),  # a modifier waits for its noun
         ("Well I want the cheapest ", "Well I want", "the cheapest "),  # a superlative too
+        ("and it should arrive", "", "and it should arrive"),  # a modal: "arrive" may still grow
+        ("and breakfast has ", "and breakfast", "has "),
         ("and it is the ", "", "and it is the "),  # nothing but function words: wait
         ("Well then", "", "Well then"),  # too few whole words
     ],
