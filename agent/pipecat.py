@@ -567,7 +567,7 @@ class StreamvoxTTSService(WebsocketTTSService):
             if self._replica is not None:
                 self._replicas.mark_failed(self._replica, "draining", retry_after_s=self._reconnect_backoff_max_wait)
             await self._after_finish()
-        elif isinstance(ev, Unknown) and ev.msg.get("type") != P.MsgType.READY:
+        elif isinstance(ev, Unknown) and not ev.stray:
             logger.warning(f"{self} unknown server message type {ev.msg.get('type')!r}: {str(ev.msg)[:200]}")
 
     async def _after_finish(self) -> None:

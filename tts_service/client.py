@@ -749,7 +749,7 @@ class TTSClient:
             log.info("%s is draining: new contexts go to another replica", conn.replica.url)
             self.replicas.mark_failed(conn.replica, "draining", retry_after_s=self.max_backoff_s)
             self._retire(conn)
-        elif isinstance(ev, Unknown) and ev.msg.get("type") != P.MsgType.READY:
+        elif isinstance(ev, Unknown) and not ev.stray:
             log.warning("unknown server message type %r", ev.msg.get("type"))
 
     def _on_error(self, conn: _Connection, failed: Failed) -> None:

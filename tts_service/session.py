@@ -41,7 +41,10 @@ DRAINING_CODE: Final = P.ErrorCode.DRAINING
 # Codes after which a context should be retried on another replica (nothing was spoken yet).
 RETRY_ELSEWHERE: Final = frozenset({P.ErrorCode.OVERLOADED, P.ErrorCode.DRAINING})
 
-_FINISHED_STREAMS_KEPT = 1024  # late frames of this many finished contexts stay attributable
+_FINISHED_STREAMS_KEPT = 1024
+_SERVER_TYPES: Final = frozenset(
+    {MsgType.READY, MsgType.STARTED, MsgType.WORDS, MsgType.DONE, MsgType.CANCELLED, MsgType.ERROR, MsgType.PONG}
+)  # late frames of this many finished contexts stay attributable
 
 
 class SessionError(Exception):
@@ -162,9 +165,11 @@ class Draining:
 
 @dataclass(frozen=True, slots=True)
 class Unknown:
-    """A message this client does not understand (reported, never fatal)."""
+    """A message this client does not understand (reported, never fatal), or - ``stray`` - a
+    known one for a context this session no longer has (e.g. ``started`` after an abandoned open)."""
 
     msg: dict[str, Any]
+    stray: bool = False
 
 
 Event = Started | Audio | Words | Done | Acked | Failed | Pong | Draining | Unknown
@@ -330,7 +335,7 @@ class ClientSession:
             notice = Draining(_int_or_none(msg.get("retry_after_ms")), msg)
             self.draining, self.drain_notice = True, notice
             return notice
-        return Unknown(msg)
+        return Unknown(msg, stray=mtype in _SERVER_TYPES)
 
     def _error(self, msg: dict[str, Any], ctx: SessionContext | None) -> Failed:
         extra = {k: v for k, v in msg.items() if k not in ("type", "code", "message", "context_id", "context_ended")}

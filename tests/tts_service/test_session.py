@@ -134,7 +134,9 @@ def test_pong_and_unknown_messages() -> None:
     session = ClientSession()
     assert session.receive(P.pong(5)) == Pong(5)
     ev = session.receive('{"type": "surprise"}')
-    assert isinstance(ev, Unknown) and ev.msg["type"] == "surprise"
-    assert session.messages == 2
+    assert isinstance(ev, Unknown) and ev.msg["type"] == "surprise" and not ev.stray
+    stray = session.receive(P.started("gone", 3, 16000, P.PCM_S16LE))  # an abandoned open's reply
+    assert isinstance(stray, Unknown) and stray.stray
+    assert session.messages == 3
     with pytest.raises(ValueError):
         session.receive("[]")
