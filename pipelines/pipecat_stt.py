@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 import numpy as np
+from loguru import logger
 from pipecat.frames.frames import ErrorFrame, Frame, TranscriptionFrame
 from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.utils.time import time_now_iso8601
@@ -46,5 +47,6 @@ class LocalWhisperSTTService(WhisperSTTService):
             no_speech_threshold=threshold if isinstance(threshold, float) else None,
         )
         await self.stop_processing_metrics()
+        logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech -> {text!r}")
         if text:
             yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language)

@@ -94,7 +94,13 @@ def transcribe(
         return transcribe_full(
             model, audio, language=language, options=options, no_speech_threshold=no_speech_threshold
         )
-    return transcribe_short(model, audio, no_speech_threshold=no_speech_threshold)
+    text = transcribe_short(model, audio, no_speech_threshold=no_speech_threshold)
+    if not text:
+        # Nothing heard in the short window: ask the full one before saying so. An empty
+        # transcript leaves the turn open until a timeout (Pipecat waits for text), so a word the
+        # short window missed costs the caller far more than this second decode does.
+        text = transcribe_full(model, audio, language=language, no_speech_threshold=no_speech_threshold)
+    return text
 
 
 def transcribe_full(

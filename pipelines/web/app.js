@@ -191,7 +191,17 @@ async function connect() {
     }
   };
   pc.ontrack = (ev) => {
-    if (ev.track.kind === "audio") attachBot(ev.streams[0] || new MediaStream([ev.track]));
+    if (ev.track.kind !== "audio") return;
+    // The jitter buffer holds the agent's audio after the agent has stopped it (a barge-in is
+    // heard that much later). On a LAN or loopback it needs no safety margin: ask for none
+    // (jitterBufferTarget, ms; playoutDelayHint, s, in older Chromes). Browsers without it ignore it.
+    try {
+      if ("jitterBufferTarget" in ev.receiver) ev.receiver.jitterBufferTarget = 0;
+      else ev.receiver.playoutDelayHint = 0;
+    } catch (e) {
+      console.warn("cannot set the jitter buffer target", e);
+    }
+    attachBot(ev.streams[0] || new MediaStream([ev.track]));
   };
   pc.oniceconnectionstatechange = () => {
     if (pc.iceConnectionState === "failed") {
