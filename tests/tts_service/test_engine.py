@@ -10,7 +10,7 @@ import pytest
 from tests.tts_service.tts_helpers import rms
 from tts_service.engine import HOP, MIN_SPAN, PiperEngine, Prepared, Window
 from tts_service.receptive import graph_reach, measure_reach
-from tts_service.voices import BACK_OUTPUT, DEC_IN
+from tts_service.voices import BACK_OUTPUT, DEC_IN, SPLIT_TAG
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -86,6 +86,8 @@ def test_decoder_context_is_read_from_the_graph_and_confirmed(engine: PiperEngin
     assert (computed.left, computed.right) == (measured.left, measured.right) == (11, 11)
     assert v.reach == computed and engine.context == 11
     assert engine.free_frames() == MIN_SPAN - 11
+    # the split cache is keyed on the split point too: a cache of another split is never reused
+    assert v.files.back_path.parent.name.endswith(f"-{SPLIT_TAG}")
 
 
 def test_windows_of_the_scheduler_plan_and_odd_cuts_are_exact(engine: PiperEngine) -> None:
