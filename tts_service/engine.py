@@ -115,6 +115,9 @@ class PiperEngine:
         self.threads = threads
         self.gain = gain
         self.noise_scale = noise_scale
+        # Widen a batch's spans to one length so it runs as one call: pays on a GPU (issue 12),
+        # costs compute on a CPU, where the scheduler sends one window per batch anyway.
+        self.equal_spans = device == "cuda"
         self.cost_per_audio_s: float | None = None  # measured at warm-up (the slowest voice)
         self.startup_cost_s: float | None = None  # seconds of a stream's start-up, likewise
         self.voices: dict[str, _Voice] = {}
@@ -357,11 +360,17 @@ class PiperEngine:
         results: list[np.ndarray | None] = [None] * len(windows)
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
         spans = []
-        for i, w in enumerate(windows):
+        for w in windows:
             if not 0 <= w.start < w.end <= w.prepared.frames:
                 raise ValueError(f"window [{w.start}, {w.end}) outside 0..{w.prepared.frames}")
-            lo, hi = self._span(w)
-            spans.append((lo, hi))
+            spans.append(self._span(w))
+        if self.equal_spans and len(windows) > 1:
+            # One call for the whole batch where batching pays: widen every span to the widest
+            # with real frames of its own segment (exact, like MIN_SPAN); a segment too short
+            # to reach it keeps its own length (zero padding would change its edge samples).
+            widest = max(hi - lo for lo, hi in spans)
+            spans = [self._widen(lo, hi, widest, w.prepared.frames) for (lo, hi), w in zip(spans, windows)]
+        for i, (w, (lo, hi)) in enumerate(zip(windows, spans)):
             groups[(w.prepared.voice, hi - lo)].append(i)
         for (voice, _), members in groups.items():
             z = np.concatenate([windows[i].prepared.z[:, :, spans[i][0] : spans[i][1]] for i in members])
@@ -376,7 +385,12 @@ class PiperEngine:
         """Frames to decode for ``w``: its receptive field, widened with real frames to ``MIN_SPAN``."""
         reach, frames = self.voices[w.prepared.voice].reach, w.prepared.frames
         lo, hi = max(0, w.start - reach.left), min(frames, w.end + reach.right)
-        short = MIN_SPAN - (hi - lo)
+        return self._widen(lo, hi, MIN_SPAN, frames)
+
+    @staticmethod
+    def _widen(lo: int, hi: int, span: int, frames: int) -> tuple[int, int]:
+        """``[lo, hi)`` grown to ``span`` frames within ``[0, frames)``: right first, then left."""
+        short = span - (hi - lo)
         if short > 0:
             grown = min(frames, hi + short)
             lo, hi = max(0, lo - (short - (grown - hi))), grown

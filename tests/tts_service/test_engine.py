@@ -111,6 +111,40 @@ def test_urgent_front_part_speaks_the_same(engine: PiperEngine) -> None:
     assert rms(engine.decode_whole(b)) > 0.02
 
 
+def test_equal_spans_batch_many_streams_in_one_call_exactly(
+    engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]
+) -> None:
+    """Where batching pays (CUDA) the spans of a batch are widened to one length with real
+    frames, so windows of many streams run as one call; still exact. A segment too short for
+    the common span keeps its own call."""
+    v = engine.voices[engine.default_voice]
+    real = v.back
+    calls: list[tuple[int, ...]] = []
+
+    class Counting:
+        def run(self, names, feed, run_options=None):
+            calls.append(feed[DEC_IN].shape)
+            return real.run(names, feed, run_options)
+
+    # windows of 30, 48 and 96 frames: natural spans of 65 (widened), 70 and 118
+    windows = [
+        Window(p, s, min(p.frames, s + n)) for p in prepared for s, n in ((0, 30), (30, 48), (78, 96)) if s < p.frames
+    ]
+    counts = {}
+    v.back = Counting()
+    try:
+        for equal in (False, True):
+            engine.equal_spans, calls[:] = equal, []
+            audio = engine.decode(windows)
+            counts[equal] = len(calls)
+            for w, a in zip(windows, audio):
+                ref = whole[[id(p) for p in prepared].index(id(w.prepared))]
+                assert np.max(np.abs(a - ref[w.start * HOP : w.end * HOP])) <= TOLERANCE
+    finally:
+        v.back, engine.equal_spans = real, False
+    assert counts[True] < counts[False], counts  # fewer, fuller calls
+
+
 def test_small_first_window(engine: PiperEngine, prepared: list[Prepared], whole: list[np.ndarray]) -> None:
     p, ref = prepared[0], whole[0]
     first = engine.decode([Window(p, 0, 6)])[0]
