@@ -224,10 +224,14 @@ def fit_options(engine, options: SchedulerOptions | None) -> SchedulerOptions:
         options = dataclasses.replace(options, workers=1)
     free = engine.free_frames() if hasattr(engine, "free_frames") else 0
     windows = tuple(sorted({max(w, free) for w in options.windows}))
-    jobs = options.max_jobs if options.max_jobs != 1 or getattr(engine, "device", "cpu") != "cuda" else 16
-    return dataclasses.replace(
-        options, context_frames=getattr(engine, "context", options.context_frames), windows=windows, max_jobs=jobs
-    )
+    context = getattr(engine, "context", options.context_frames)
+    if options.max_jobs == 1 and getattr(engine, "device", "cpu") == "cuda":
+        # a GPU call costs about the same for 1 or 16 windows: batch them, and let the frame
+        # budget hold 16 steady windows with their context
+        jobs, budget = 16, max(options.max_tick_frames, 16 * (max(windows) + 2 * context))
+    else:
+        jobs, budget = options.max_jobs, options.max_tick_frames
+    return dataclasses.replace(options, context_frames=context, windows=windows, max_jobs=jobs, max_tick_frames=budget)
 
 
 async def _wait(event: asyncio.Event, timeout: float | None) -> None:

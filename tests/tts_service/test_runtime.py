@@ -127,3 +127,22 @@ async def test_two_workers_compute_two_streams_at_once(engine: PiperEngine) -> N
         assert synth.scheduler.active == 0
     finally:
         await synth.stop()
+
+
+def test_options_fit_the_engine(engine: PiperEngine) -> None:
+    """Window sizes raised to the free first window, the engine's context, one window per batch
+    on a CPU; on CUDA many windows per batch with a frame budget to hold them."""
+    from tts_service.runtime import fit_options
+
+    cpu = fit_options(engine, None)
+    assert cpu.windows == (engine.free_frames(), 64, 96) and cpu.context_frames == engine.context
+    assert cpu.max_jobs == 1 and cpu.workers == 1
+
+    class Cuda:
+        device, context = "cuda", 11
+
+        def free_frames(self) -> int:
+            return 54
+
+    gpu = fit_options(Cuda(), None)
+    assert gpu.max_jobs == 16 and gpu.max_tick_frames >= 16 * (96 + 22)
