@@ -170,6 +170,7 @@ async def fake_llm(replies: list[str] = REPLIES):
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        body["_received_at"] = time.monotonic()  # tests tell an interrupted reply from the next one by it
         requests.append(body)
         reply = replies[min(len(requests), len(replies)) - 1]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
