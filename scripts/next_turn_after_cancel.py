@@ -18,8 +18,8 @@ from aiohttp import web
 
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.localproc import free_port, load_engine
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server
 
 LONG = "This is a long answer that the caller will interrupt. " + (

@@ -21,8 +21,8 @@ from pathlib import Path
 import onnxruntime as ort
 from onnx.utils import extract_model
 
-from tts_service.engine import HOP, PiperEngine, Window
-from tts_service.voices import DURATIONS, FRONT_INPUTS, default_voice_path
+from tts_service.piper.engine import HOP, PiperEngine, Window
+from tts_service.piper.voices import DURATIONS, FRONT_INPUTS, default_voice_path
 
 Z_P, MASK = "/Add_output_0", "/Cast_2_output_0"
 FIRST = ["Sure,", "Let me check that for you.", "The clinic opens at eight thirty"]

@@ -23,7 +23,7 @@ import numpy as np
 from agent.simulate import LONG_ANSWER
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.localproc import ServerThread, load_engine
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import SchedulerOptions
 
 
 async def one_reply(client: TTSClient, rate: int) -> list[tuple[float, float]]:

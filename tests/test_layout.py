@@ -5,7 +5,9 @@
   LiveKit only inside their own plug-in modules;
 * nothing imports ``pipelines`` (apps are not libraries), and its modules do not import each
   other in a circle;
-* ``examples`` use the public API only.
+* ``examples`` use the public API only;
+* the engine-independent core (``tts_service.core``) imports no engine package, and no engine
+  package imports another (a third engine goes beside them and meets only the core).
 
 Imports inside functions count too: a lazy import is still a dependency.
 """
@@ -22,6 +24,7 @@ FRAMEWORKS = ("pipecat", "livekit")
 # what the agent side may use of the server package: the wire format, the client and its
 # session, and the helpers that start a local server
 AGENT_MAY_USE = ("tts_service.protocol", "tts_service.client", "tts_service.session", "tts_service.localproc")
+ENGINES = ("tts_service.piper", "tts_service.orpheus")  # engine packages beside tts_service/core
 PUBLIC_API = ("tts_service.client", "tts_service.protocol", "agent.pipecat", "agent.livekit")
 
 
@@ -119,6 +122,25 @@ def test_imports_follow_the_layout(folder, rule):
     assert _violations(folder, rule) == []
 
 
+def _engine_rule(path: Path, mod: str) -> str | None:
+    """Inside ``tts_service``: the core sees no engine, an engine sees no other engine."""
+    own = _module_name(path)
+    if _is(own, "tts_service.core"):
+        if any(_is(mod, e) for e in ENGINES):
+            return "the core is engine-independent: it never imports an engine package"
+    else:
+        for engine in ENGINES:
+            if _is(own, engine) and any(_is(mod, e) for e in ENGINES if e != engine):
+                return "an engine package never imports another engine (shared code goes in tts_service.core)"
+    return None
+
+
+def test_core_and_engines_are_separate_packages():
+    assert (ROOT / "tts_service" / "core" / "__init__.py").exists()
+    assert all((ROOT / Path(*e.split(".")) / "__init__.py").exists() for e in ENGINES)
+    assert _violations("tts_service", _engine_rule) == []
+
+
 def test_nothing_outside_pipelines_imports_it():
     bad = []
     for folder in ("tts_service", "agent", "examples"):
@@ -162,3 +184,8 @@ def test_the_checker_sees_a_crossing(tmp_path):
     mods = [m for _, m in _imports(probe, module="tts_service.sub.probe")]
     assert "tts_service.protocol" in mods
     assert [m for m in mods if _server_rule(probe, m)] == ["pipecat.frames", "agent", "agent.bargein"]
+    # an engine crossing inside the server package is reported too
+    core_probe = ROOT / "tts_service" / "core" / "probe.py"
+    assert _engine_rule(core_probe, "tts_service.piper.engine")
+    assert _engine_rule(ROOT / "tts_service" / "orpheus" / "probe.py", "tts_service.piper.scheduler")
+    assert _engine_rule(ROOT / "tts_service" / "orpheus" / "probe.py", "tts_service.core.scheduler") is None

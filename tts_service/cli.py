@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 def load_engine(voice_paths: list[str], *, device: str = "cpu", threads: int | None = None, progress=print):
     """``localproc.load_engine`` with a voice problem turned into a CLI message."""
     from .localproc import load_engine as _load
-    from .voices import VoiceError
+    from .piper.voices import VoiceError
 
     try:
         return _load(voice_paths, device=device, threads=threads, progress=progress)
@@ -162,8 +162,8 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .runtime import Synthesizer
-    from .scheduler import SchedulerOptions
+    from .piper.runtime import Synthesizer
+    from .piper.scheduler import SchedulerOptions
     from .server import Server, ServerConfig, run
 
     if args.drain_timeout < 0:

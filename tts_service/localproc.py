@@ -172,10 +172,10 @@ class ChildServer:
 def load_engine(voice_paths: Sequence[str] = (), *, device: str = "cpu", threads: int | None = None, progress=print):
     """Load every requested voice (the bundled one by default), with progress lines.
 
-    Raises ``voices.VoiceError`` with a message that says what to fix.
+    Raises ``tts_service.piper.voices.VoiceError`` with a message that says what to fix.
     """
-    from .engine import PiperEngine
-    from .voices import default_voice_path
+    from .piper.engine import PiperEngine
+    from .piper.voices import default_voice_path
 
     engine = PiperEngine(device=device, threads=threads)
     for path in voice_paths or [str(default_voice_path())]:
@@ -234,7 +234,7 @@ class ServerThread:
     async def _up(self, engine) -> None:
         from aiohttp import web
 
-        from .runtime import Synthesizer
+        from .piper.runtime import Synthesizer
         from .server import Server
 
         self.server = Server(Synthesizer(engine, options=self._options), self._config)

@@ -1,7 +1,8 @@
 """aiohttp transports: WebSocket protocol v1 and HTTP chunked streaming, plus the drain. Thin I/O.
 
 The WebSocket connection itself (contexts, tombstones, the bounded outbox) is
-:mod:`tts_service.ws`. This module builds the application around one :class:`Synthesizer`:
+:mod:`tts_service.ws`. This module builds the application around one synthesizer (any engine's
+:class:`~tts_service.core.runtime.SynthesizerBase`):
 routes, the API key, HTTP one-shot streams, health and load, and the *drain* that a SIGTERM
 (or ``POST /v1/admin/drain``) starts: readiness 503 at once, an in-band ``draining`` notice on
 every connection, new contexts refused, live ones finished within ``drain_timeout_s``, then an
@@ -23,10 +24,11 @@ from aiohttp import WSMsgType, web
 
 from . import protocol as P
 from .audio import StreamEncoder, wav_header
+from .core.runtime import SynthesizerBase
+from .core.scheduler import Output, Overloaded
 from .metrics import Metrics
+from .piper.runtime import Synthesizer
 from .protocol import CloseCode, ErrorCode, Limits, ProtocolError
-from .runtime import Synthesizer
-from .scheduler import Output, Overloaded
 from .ws import OUTBOX_HIGH_WATER, YIELD_EVERY, Connection
 
 log = logging.getLogger(__name__)
@@ -92,9 +94,9 @@ class _WebSocket(web.WebSocketResponse):
 
 
 class Server:
-    """Builds the aiohttp application around one :class:`Synthesizer`."""
+    """Builds the aiohttp application around one synthesizer (Piper's, Orpheus', ...)."""
 
-    def __init__(self, synth: Synthesizer, config: ServerConfig | None = None) -> None:
+    def __init__(self, synth: SynthesizerBase, config: ServerConfig | None = None) -> None:
         self.synth = synth
         self.config = config or ServerConfig()
         cap = self.config.limits.message_cap()
@@ -396,8 +398,7 @@ class Server:
             {
                 "default": engine.default_voice,
                 "voices": [
-                    {"name": name, "sample_rate": v.sample_rate, "model": str(v.files.model_path)}
-                    for name, v in engine.voices.items()
+                    {"name": v.name, "sample_rate": v.sample_rate, "model": v.model} for v in engine.describe_voices()
                 ],
             }
         )
@@ -441,7 +442,7 @@ class Server:
 def build_app(
     engine, *, config: ServerConfig | None = None, options=None, metrics: Metrics | None = None
 ) -> web.Application:
-    """An aiohttp app serving ``engine``; run it with ``web.run_app`` or an ``AppRunner``."""
+    """An aiohttp app serving a Piper ``engine``; run it with ``web.run_app`` or an ``AppRunner``."""
     return Server(Synthesizer(engine, options=options, metrics=metrics), config).app
 
 

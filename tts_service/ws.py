@@ -28,9 +28,9 @@ from aiohttp import web
 
 from . import protocol as P
 from .audio import StreamEncoder
+from .core.runtime import SynthesizerBase
+from .core.scheduler import Output, Overloaded
 from .protocol import CloseCode, ErrorCode, Limits, MsgType, ProtocolError
-from .runtime import Synthesizer
-from .scheduler import Output, Overloaded
 
 log = logging.getLogger(__name__)
 OUTBOX_HIGH_WATER = 48  # queued audio frames per connection before unpaced streams are held back
@@ -68,7 +68,7 @@ class Connection:
     """One WebSocket client: its contexts, its tombstones, its outbox, its writer."""
 
     def __init__(
-        self, ws: web.WebSocketResponse, synth: Synthesizer, limits: Limits, *, transport: asyncio.Transport | None
+        self, ws: web.WebSocketResponse, synth: SynthesizerBase, limits: Limits, *, transport: asyncio.Transport | None
     ) -> None:
         self.ws = ws
         self.transport = transport  # to cut off a peer that does not answer a close

@@ -66,7 +66,7 @@ def tts_server():
     stalls the agent's loop does not stall the server, as with a separate process). Admission
     control is off: on a busy 2-core machine the measured cost can refuse even one stream."""
     from tts_service.localproc import ServerThread, load_engine
-    from tts_service.scheduler import SchedulerOptions
+    from tts_service.piper.scheduler import SchedulerOptions
 
     server = ServerThread(load_engine([], progress=lambda *_: None), options=SchedulerOptions(capacity=1000.0))
     server.start()

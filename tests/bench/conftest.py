@@ -32,8 +32,8 @@ def live_servers() -> Iterator[LiveServers]:
     from tts_service import protocol as P
     from tts_service.bench.baseline import BaselineServer, load_voice
     from tts_service.localproc import load_engine
-    from tts_service.runtime import Synthesizer
-    from tts_service.scheduler import SchedulerOptions
+    from tts_service.piper.runtime import Synthesizer
+    from tts_service.piper.scheduler import SchedulerOptions
     from tts_service.server import Server
 
     engine = load_engine([], progress=lambda *_: None)

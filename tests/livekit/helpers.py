@@ -28,8 +28,8 @@ from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOpt
 from livekit.agents.voice import Agent, ModelSettings, io
 
 from tests.tts_service.tts_helpers import on_loopback
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 REPLY_TAG = "streamvox.test.reply"

@@ -52,8 +52,8 @@ _SERVE = """
 import sys
 from aiohttp import web
 from tts_service.localproc import load_engine
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server
 engine = load_engine([], progress=lambda *_: None)
 server = Server(Synthesizer(engine, options=SchedulerOptions(capacity=1000.0)))

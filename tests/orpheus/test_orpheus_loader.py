@@ -9,6 +9,7 @@ import pytest
 import snac.layers
 import torch
 
+from tts_service.core.engine import Engine
 from tts_service.orpheus import loader
 from tts_service.orpheus.config import SNAC_TINY, TINY, LlamaConfig
 from tts_service.orpheus.loader import CheckpointError
@@ -141,5 +142,8 @@ def test_engine_from_disk_runs(checkpoint, tiny_snac, tmp_path):
     engine = build_engine(
         model_path=str(checkpoint), snac_path=str(snac_dir), max_slots=1, max_len=512, progress=lambda *_: None
     )
-    assert engine.voices["tara"].files.model_path == str(checkpoint)
+    assert engine.voices["tara"].model == str(checkpoint)
+    # the server reads it only through the core's Engine protocol, as it reads Piper's
+    assert isinstance(engine, Engine)
+    assert {v.name for v in engine.describe_voices()} == set(engine.voices)
     assert len(engine.prompt_ids("Hello.", "leo")) > 8

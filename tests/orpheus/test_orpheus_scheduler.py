@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tts_service.core.scheduler import Overloaded
 from tts_service.orpheus.scheduler import (
     FRAME_S,
     OrpheusOptions,
@@ -12,7 +13,6 @@ from tts_service.orpheus.scheduler import (
     SlotEvent,
     TickResult,
 )
-from tts_service.scheduler import Overloaded
 
 AUDIO = np.zeros(2048, dtype=np.float32)  # one frame
 

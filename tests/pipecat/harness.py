@@ -31,8 +31,8 @@ from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import TransportParams
 
 from tts_service import protocol as P
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 # Tests open a few contexts at once on a busy 2-core machine: admit regardless of measured load.

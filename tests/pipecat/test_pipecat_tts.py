@@ -32,7 +32,7 @@ from agent.pipecat import StreamvoxTTSService
 from tests.pipecat.harness import RealtimePlayer, counting_server, llm_reply
 from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service.client import TTSClient
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import SchedulerOptions
 
 METRICS = PipelineParams(enable_metrics=True, report_only_initial_ttfb=False)
 

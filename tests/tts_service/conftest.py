@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.tts_service.tts_helpers import API_KEY, RunningServer, running_server
-from tts_service.engine import PiperEngine
+from tts_service.piper.engine import PiperEngine
 from tts_service.server import ServerConfig
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.tts_service.tts_helpers import raw_connection, running_server
 from tts_service import protocol as P
-from tts_service.engine import PiperEngine
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.engine import PiperEngine
+from tts_service.piper.scheduler import SchedulerOptions
 
 MAX_SILENCE_S = 0.15
 TEXTS = [

@@ -8,7 +8,7 @@ import pytest
 
 from tts_service.cli import main
 from tts_service.localproc import ServerThread
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import SchedulerOptions
 
 
 @pytest.fixture(scope="module")

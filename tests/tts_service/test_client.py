@@ -8,7 +8,7 @@ import pytest
 
 from tests.tts_service.tts_helpers import RunningServer, eventually, running_server
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import SchedulerOptions
 
 
 async def test_open_without_waiting_streams_audio(live: RunningServer) -> None:

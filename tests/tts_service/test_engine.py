@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from tests.tts_service.tts_helpers import rms
-from tts_service.engine import HOP, MIN_SPAN, PiperEngine, Prepared, Window
-from tts_service.receptive import graph_reach, measure_reach
-from tts_service.voices import BACK_OUTPUT, DEC_IN, SPLIT_TAG
+from tts_service.core.engine import Engine
+from tts_service.piper.engine import HOP, MIN_SPAN, PiperEngine, Prepared, Window
+from tts_service.piper.receptive import graph_reach, measure_reach
+from tts_service.piper.voices import BACK_OUTPUT, DEC_IN, SPLIT_TAG
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -72,6 +73,15 @@ def test_batched_windows_of_several_streams_equal_whole(
     p = prepared[0]
     a, b = engine.decode([Window(p, 64, 128), Window(p, 64, 128)])
     np.testing.assert_array_equal(a, b)
+
+
+def test_the_engine_fits_the_core_protocol(engine: PiperEngine) -> None:
+    """The runtime and the server read an engine only through ``core.engine.Engine``; ``/v1/voices``
+    lists ``describe_voices``: every loaded voice, its rate and the model file it came from."""
+    assert isinstance(engine, Engine)
+    infos = engine.describe_voices()
+    assert [v.name for v in infos] == list(engine.voices)
+    assert all(v.sample_rate == engine.sample_rate and v.model.endswith(".onnx") for v in infos)
 
 
 def test_decoder_context_is_read_from_the_graph_and_confirmed(engine: PiperEngine) -> None:

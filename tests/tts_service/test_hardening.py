@@ -27,9 +27,9 @@ from tests.tts_service.tts_helpers import (
 )
 from tts_service import protocol as P
 from tts_service import ws as ws_module
-from tts_service.engine import PiperEngine
+from tts_service.piper.engine import PiperEngine
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.protocol import CloseCode, ErrorCode, Limits, MsgType
-from tts_service.scheduler import SchedulerOptions
 from tts_service.server import ServerConfig
 
 LONG = (

@@ -24,8 +24,8 @@ import pytest
 
 from tests.tts_service.tts_helpers import API_KEY, raw_connection, running_server
 from tts_service import protocol as P
-from tts_service.engine import PiperEngine
 from tts_service.localproc import free_port
+from tts_service.piper.engine import PiperEngine
 from tts_service.protocol import CloseCode, ErrorCode, MsgType
 from tts_service.server import ServerConfig
 

@@ -28,8 +28,8 @@ from websockets.sync.client import ClientConnection, connect
 from tests.tts_service.hardening_helpers import strict_json
 from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service.localproc import ServerThread
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.protocol import ErrorCode, Limits, MsgType
-from tts_service.scheduler import SchedulerOptions
 from tts_service.server import ServerConfig
 
 LIMITS = Limits(max_text_chars=40, max_context_chars=80, max_contexts=3)

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tts_service.receptive import Reach, UnsupportedGraph, graph_reach, measure_reach
+from tts_service.piper.receptive import Reach, UnsupportedGraph, graph_reach, measure_reach
 
 
 def _decoder(layers: list[tuple[str, int, int, int, int]], channels: int = 4) -> onnx.ModelProto:

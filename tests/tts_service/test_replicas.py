@@ -23,8 +23,8 @@ from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError, TTSOverloaded
 from tts_service.localproc import ChildServer, free_port
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 TURN = "Thanks for waiting. Your table for four is booked for eight tonight."  # ~4 s of speech

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from tts_service.engine import PiperEngine
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import Output, SchedulerOptions
+from tts_service.core.scheduler import Output
+from tts_service.piper.engine import PiperEngine
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 
 
 class ListSink:
@@ -132,7 +133,7 @@ async def test_two_workers_compute_two_streams_at_once(engine: PiperEngine) -> N
 def test_options_fit_the_engine(engine: PiperEngine) -> None:
     """Window sizes raised to the free first window, the engine's context, one window per batch
     on a CPU; on CUDA many windows per batch with a frame budget to hold them."""
-    from tts_service.runtime import fit_options
+    from tts_service.piper.runtime import fit_options
 
     cpu = fit_options(engine, None)
     assert cpu.windows == (engine.free_frames(), 64, 96) and cpu.context_frames == engine.context

@@ -8,8 +8,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tts_service.engine import HOP, Prepared
-from tts_service.scheduler import Batch, BatchResult, Output, Overloaded, Scheduler, SchedulerOptions, Status
+from tts_service.core.scheduler import Output, Overloaded, Status
+from tts_service.piper.engine import HOP, Prepared
+from tts_service.piper.scheduler import Batch, BatchResult, Scheduler, SchedulerOptions
 
 SR = 22050
 FRAMES_PER_WORD = 20  # ~0.23 s of audio per word

@@ -33,9 +33,9 @@ from tests.tts_service.tts_helpers import (
 from tts_service import protocol as P
 from tts_service.audio import mulaw_decode, pcm16_to_float
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError, TTSOverloaded, WordTimings
-from tts_service.engine import PiperEngine
+from tts_service.piper.engine import PiperEngine
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.protocol import ErrorCode, Limits, MsgType
-from tts_service.scheduler import SchedulerOptions
 from tts_service.segmenter import SegmenterOptions
 from tts_service.server import ServerConfig
 

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tts_service.voices import VoiceError, default_voice_path, split_voice
+from tts_service.piper.voices import VoiceError, default_voice_path, split_voice
 
 
 def _write_unsplittable(tmp: Path) -> Path:

@@ -19,9 +19,9 @@ import numpy as np
 from aiohttp import web
 
 from tts_service import protocol as P
-from tts_service.engine import PiperEngine
-from tts_service.runtime import Synthesizer
-from tts_service.scheduler import SchedulerOptions
+from tts_service.piper.engine import PiperEngine
+from tts_service.piper.runtime import Synthesizer
+from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 # Test servers admit streams regardless of the measured real-time factor: on a busy 2-core

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from ..engine import HOP, PiperEngine, Window
-from ..voices import DEC_IN, default_voice_path
+from ..piper.engine import HOP, PiperEngine, Window
+from ..piper.voices import DEC_IN, default_voice_path
 
 TEXT = "Okay, let me check that for you; it will only take a moment. The weather is nice today, really."
 REPLY = "Would you like to book a table for two people this evening, or tomorrow at noon?"

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core.engine import Engine, VoiceInfo
 from . import sampler
 from .codec import WindowedCodec
 from .config import SAMPLE_RATE, Sampling
@@ -55,20 +56,6 @@ class EngineOptions:
     codec_left: int = 3
     codec_right: int = 2
     codec_chunks: tuple[int, ...] = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True, slots=True)
-class _Files:
-    model_path: str
-
-
-@dataclass(frozen=True, slots=True)
-class OrpheusVoice:
-    """What ``/v1/voices`` shows (same attributes as a Piper voice's)."""
-
-    name: str
-    sample_rate: int
-    files: _Files
 
 
 @dataclass(slots=True)
@@ -100,8 +87,8 @@ class _State:
         self.commit_host = torch.zeros(slots, dtype=torch.bool, pin_memory=pin)
 
 
-class OrpheusEngine:
-    """Voices, slots and the model; the surface the server reads matches the Piper engine's."""
+class OrpheusEngine(Engine):
+    """Voices, slots and the model; fits :class:`tts_service.core.engine.Engine`."""
 
     def __init__(
         self,
@@ -124,7 +111,7 @@ class OrpheusEngine:
         self.max_slots, self.max_len = self.opt.max_slots, self.opt.max_len
         self.scratch = self.max_len - 1
         model.setup_cache(self.max_slots, self.max_len)
-        self.voices = {v: OrpheusVoice(v, SAMPLE_RATE, _Files(model_path or "random")) for v in voices}
+        self.voices = {v: VoiceInfo(v, SAMPLE_RATE, model_path or "random") for v in voices}
         self.default_voice = default_voice or voices[0]
         self.resolve(self.default_voice)
         self._state = _State(self.max_slots, self.device, self.scratch)
@@ -139,11 +126,8 @@ class OrpheusEngine:
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 
-    def resolve(self, voice: str | None) -> str:
-        name = voice or self.default_voice
-        if name not in self.voices:
-            raise KeyError(name)
-        return name
+    def describe_voices(self) -> list[VoiceInfo]:
+        return list(self.voices.values())
 
     def prompt_ids(self, text: str, voice: str | None) -> list[int]:
         return build_prompt(self.tokenizer, text, self.resolve(voice))

@@ -1,10 +1,10 @@
-"""The asyncio driver for the Orpheus engine: same public surface as ``tts_service.runtime.Synthesizer``.
+"""The asyncio driver for the Orpheus engine: a :class:`tts_service.core.runtime.SynthesizerBase`.
 
-So ``tts_service.server.Server`` serves it unchanged: ``engine`` (voices, default_voice,
-sample_rate, resolve), ``open / push_text / flush / end / cancel``, ``metrics``, ``scheduler``
-(load, refusal, capacity_streams, active, cost_per_audio_s, queue_depth), ``_sync_gauges``,
-``start / stop``. Sinks receive :class:`tts_service.scheduler.Output` objects. The stream verbs,
-sinks, loops and delivery are :class:`tts_service.runtime.SynthesizerBase`'s, shared with Piper.
+So ``tts_service.server.Server`` serves it unchanged, as it serves Piper's: the engine fits
+:class:`tts_service.core.engine.Engine`, the scheduler is a
+:class:`tts_service.core.scheduler.StreamScheduler`, and sinks receive
+:class:`tts_service.core.scheduler.Output` objects. The stream verbs, sinks, loops and delivery
+are the base class's; this module runs one tick in the worker.
 
 One worker thread owns the model and runs one tick at a time; the event loop plans ticks, folds
 results in and releases paced audio. A cancel is handled on the event loop while a tick runs:
@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ..core.runtime import SynthesizerBase
 from ..metrics import Metrics
-from ..runtime import SynthesizerBase
 from .engine import OrpheusEngine
 from .scheduler import OrpheusOptions, OrpheusScheduler, SlotEvent, TickPlan, TickResult
 

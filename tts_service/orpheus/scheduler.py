@@ -1,7 +1,7 @@
 """The Orpheus scheduler: slots, pacing, admission. Pure Python - no torch, asyncio or sockets.
 
-Same verbs and outputs as :mod:`tts_service.scheduler` (add / push_text / flush / end / cancel
-/ schedule / update / release, :class:`~tts_service.scheduler.Output` objects), but the unit of
+Same verbs and outputs as :mod:`tts_service.core.scheduler` (add / push_text / flush / end / cancel
+/ schedule / update / release, :class:`~tts_service.core.scheduler.Output` objects), but the unit of
 work is different: an autoregressive model does not know a segment's length up front, so a
 tick is "claim free slots, prefill prompt chunks, one decode step for the streams that need
 audio", vLLM-v1 style (``schedule() -> engine.tick() -> update()``).
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.scheduler import Overloaded, Status, StreamScheduler, StreamState
 from ..protocol import ErrorCode
-from ..scheduler import Overloaded, Status, StreamScheduler, StreamState
 from ..segmenter import SegmenterOptions
 from .config import REALTIME_TOKENS_PER_S, SAMPLE_RATE, SAMPLES_PER_FRAME, Sampling
 

@@ -7,7 +7,7 @@ frames, from any number of streams in one call.
 
 Why windows with context: the decoder is a stack of convolutions, so each output sample depends
 on a few latent frames around it (its receptive field, read from the graph for each voice and
-confirmed at load: :mod:`tts_service.receptive`). Decoding ``[start, end)`` with exactly that
+confirmed at load: :mod:`tts_service.piper.receptive`). Decoding ``[start, end)`` with exactly that
 many extra frames on each side and keeping only the middle reproduces a whole-segment decode
 (the tests hold it to 1e-6; on the bundled voice it is bit for bit). A small first window gives
 a fast first byte; later, larger windows amortise the context.
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.engine import Engine, VoiceInfo
 from .receptive import Reach, UnsupportedGraph, graph_reach, measure_reach
 from .voices import BACK_OUTPUT, DEC_IN, DURATIONS, VoiceError, VoiceFiles, split_voice
 
@@ -90,7 +91,7 @@ class _Voice:
     word_cache: dict[str, int] = field(default_factory=dict)
 
 
-class PiperEngine:
+class PiperEngine(Engine):
     """Loads Piper voices split for streaming and runs their two parts."""
 
     def __init__(
@@ -243,11 +244,8 @@ class PiperEngine:
             raise VoiceError("no voice loaded: call load_voice() first")
         return next(iter(self.voices.values())).sample_rate
 
-    def resolve(self, voice: str | None) -> str:
-        name = voice or self.default_voice
-        if name not in self.voices:
-            raise KeyError(name)
-        return name
+    def describe_voices(self) -> list[VoiceInfo]:
+        return [VoiceInfo(name, v.sample_rate, str(v.files.model_path)) for name, v in self.voices.items()]
 
     # ------------------------------------------------------------------ front part
     def _phonemize(self, voice: _Voice, text: str) -> list[str]:

@@ -1,0 +1,50 @@
+"""What the runtime and the server need of an engine: the :class:`Engine` protocol.
+
+The engine-independent parts (:class:`~tts_service.core.runtime.SynthesizerBase`, the server,
+the WebSocket connection) read only these members. Everything else an engine does (Piper's
+``prepare`` / ``decode``, Orpheus' ``tick``) is called by that engine's own ``Synthesizer``
+subclass, so it is free to have any shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceInfo:
+    """One voice as ``GET /v1/voices`` shows it."""
+
+    name: str
+    sample_rate: int
+    model: str  # where its weights came from: a file or folder, or "random"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The verbs the runtime and the server call on every engine.
+
+    ``voices`` maps each voice's name to the engine's own voice object (the server only reads the
+    names); ``resolve`` turns a requested voice (``None``: the default) into a name in ``voices``
+    or raises ``KeyError``; ``describe_voices`` is what ``/v1/voices`` lists. An engine may
+    subclass this explicitly to inherit ``resolve`` (both of ours do).
+    """
+
+    voices: Mapping[str, Any]
+    default_voice: str | None
+
+    @property
+    def sample_rate(self) -> int:
+        """Native samples per second of the audio the engine makes (every voice the same)."""
+        raise NotImplementedError
+
+    def resolve(self, voice: str | None) -> str:
+        name = voice or self.default_voice
+        if name not in self.voices:
+            raise KeyError(name)
+        return name
+
+    def describe_voices(self) -> list[VoiceInfo]:
+        raise NotImplementedError
