@@ -133,6 +133,7 @@ class Agent:
 
 
 USER_TURN_STOP_TIMEOUT_S = 2.0
+GATE_LEAD_MS = 50.0  # bot audio handed to the transport ahead of the clock: what still plays after a yield
 
 
 def turn_strategies(smart_turn_timeout_s: float = 1.0):
@@ -164,10 +165,19 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
     )
     pair = LLMContextAggregatorPair(context, user_params=user_params)
-    # YieldGate: bot audio reaches the transport only 80 ms ahead of the clock, and pauses at the
+    # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
     # caller's first speech window until Pipecat's interruption confirms it (or resumes)
     pipeline = Pipeline(
-        [transport.input(), stt, pair.user(), llm, tts, YieldGate(), transport.output(), pair.assistant()]
+        [
+            transport.input(),
+            stt,
+            pair.user(),
+            llm,
+            tts,
+            YieldGate(lead_ms=GATE_LEAD_MS),
+            transport.output(),
+            pair.assistant(),
+        ]
     )
     figures = StageFigures(tts=tts)
     params = PipelineParams(
