@@ -24,41 +24,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from agent.livekit import CancelReport, StreamvoxTTS
 from tts_service import protocol as P
+from tts_service.localproc import ChildServer
 
 LONG = (
     "Let me explain this in some detail, because there is a lot to say. The first thing you should "
     "know is that the process has several steps, and each of them takes a while."
 )
 NEXT = "Sure, go ahead."
-
-
-# `streamvox serve` with admission control off: its cost estimate climbs to ~0.8 compute-s per
-# audio-s under this barge-in-only load (every stream is cut after its first windows) and then
-# refuses even an idle server - reported to the scheduler's owners; it is not what we measure here.
-_SERVE = """
-import sys
-from aiohttp import web
-from tts_service.localproc import load_engine
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
-from tts_service.server import Server
-engine = load_engine([], progress=lambda *_: None)
-server = Server(Synthesizer(engine, options=SchedulerOptions(capacity=1000.0)))
-web.run_app(server.app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-"""
 
 
 @dataclass
@@ -69,36 +48,17 @@ class Samples:
     reused: int = 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.asynccontextmanager
 async def server_process() -> AsyncIterator[int]:
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-c", _SERVE, str(port)],
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    """`streamvox serve` with admission control off (``--capacity 1000``): under this barge-in-only
+    load (every stream cut after its first windows) the measured cost would otherwise refuse even
+    an idle server, which is not what we measure here."""
+    server = ChildServer.tts(extra=["--capacity", "1000"], output="quiet")
+    await asyncio.to_thread(server.start, 30.0)
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(300):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                if proc.returncode is not None:
-                    raise RuntimeError("the TTS server exited; run `python -m tts_service` to see why")
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError("the TTS server did not become ready in 30 s")
-        yield port
+        yield server.port
     finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 10)
+        await asyncio.to_thread(server.stop)
 
 
 @contextlib.asynccontextmanager
