@@ -94,7 +94,7 @@ def transcribe(
         return transcribe_full(
             model, audio, language=language, options=options, no_speech_threshold=no_speech_threshold
         )
-    text = transcribe_short(model, audio, no_speech_threshold=no_speech_threshold)
+    text = transcribe_short(model, audio, language=language, no_speech_threshold=no_speech_threshold)
     if not text:
         # Nothing heard in the short window: ask the full one before saying so. An empty
         # transcript leaves the turn open until a timeout (Pipecat waits for text), so a word the
@@ -117,8 +117,14 @@ def transcribe_full(
     return " ".join(kept).strip()  # the generator decodes as it is consumed
 
 
-def transcribe_short(model, audio: np.ndarray, *, no_speech_threshold: float | None = None) -> str:
-    """Greedy decode over an encoder input of the clip's own length (plus a margin)."""
+def transcribe_short(
+    model, audio: np.ndarray, *, language: str | None = "en", no_speech_threshold: float | None = None
+) -> str:
+    """Greedy decode over a 10 s encoder window (or the clip plus a margin, when longer).
+
+    A multilingual model is prompted in ``language``; without one it would have to detect the
+    language first, which faster-whisper's own path does.
+    """
     import ctranslate2
 
     tok = model.hf_tokenizer
@@ -127,7 +133,10 @@ def transcribe_short(model, audio: np.ndarray, *, no_speech_threshold: float | N
     if not model.model.is_multilingual:
         prompt = [sot]
     else:
-        prompt = [sot, tok.token_to_id("<|en|>"), tok.token_to_id("<|transcribe|>")]
+        lang = tok.token_to_id(f"<|{language}|>") if language else None
+        if lang is None:
+            return transcribe_full(model, audio, language=language, no_speech_threshold=no_speech_threshold)
+        prompt = [sot, lang, tok.token_to_id("<|transcribe|>")]
     feats = model.feature_extractor(audio)[:, :-1]
     frames = min(3000, max(int(_MIN_WINDOW_S * 100), feats.shape[1] + int(_MARGIN_S * 100)))
     frames += frames % 2  # the encoder's stride-2 convolution
