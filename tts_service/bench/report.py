@@ -197,6 +197,15 @@ def load_table(title: str, levels: list[dict], max_healthy: int) -> Table:
     return table
 
 
+def level_line(lv: dict) -> str:
+    """One load level in a line, printed as it finishes (a sweep's progress, a log's record)."""
+    return (
+        f"{lv['streams']:>3} streams: TTFB p95 {fmt(lv['ttfb_ms_p95'], 'ms')}, "
+        f"underruns/stream {lv['underruns']:.2f}, refused {lv['refused']}, "
+        f"server CPU {fmt(lv['cpu_pct'])} %, {'healthy' if lv['healthy'] else 'not healthy'}"
+    )
+
+
 def _refused(lv: dict) -> str:
     failed = lv["errors"] + lv["timeouts"]
     return str(lv["refused"]) + (f" (+{failed} failed)" if failed else "")
