@@ -72,7 +72,8 @@ def cuda_problem() -> str | None:
     if session.get_providers()[0] != "CUDAExecutionProvider":
         return (
             f"onnxruntime {ort.__version__} lists CUDAExecutionProvider but a session fell back to "
-            f"{session.get_providers()[0]} (the CUDA 12 / cuDNN 9 libraries it needs are missing?)"
+            f"{session.get_providers()[0]}: the CUDA 12 / cuDNN 9 libraries it needs are not on the loader's "
+            "path (from pip's nvidia-* wheels they load only after onnxruntime.preload_dlls() or import torch)"
         )
     return None
 
