@@ -38,6 +38,7 @@ class LocalWhisperSTTService(WhisperSTTService):
         language = self._settings.language
         language = str(language) if isinstance(language, str) else "en"
         threshold = self._settings.no_speech_prob
+        trace: list[str] = []
         text = await asyncio.to_thread(
             transcribe,
             self._model,
@@ -45,8 +46,9 @@ class LocalWhisperSTTService(WhisperSTTService):
             language=language,
             options=self._decode,
             no_speech_threshold=threshold if isinstance(threshold, float) else None,
+            trace=trace,
         )
         await self.stop_processing_metrics()
-        logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech -> {text!r}")
+        logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech -> {text!r} ({'; '.join(trace)})")
         if text:
             yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language)

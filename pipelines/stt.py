@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,23 +85,69 @@ def transcribe(
     language: str | None = "en",
     options: DecodeOptions | None = None,
     no_speech_threshold: float | None = None,
+    trace: list[str] | None = None,
 ) -> str:
     """Transcribe float32 16 kHz ``audio`` to text, through a short encoder window when it fits.
 
     Text that Whisper itself rates as probably not speech (``no_speech_prob`` at or above
     ``no_speech_threshold``: a cough, a door) is dropped, as Pipecat's service does.
+    ``trace``, when given, receives one line per decode (path, result, time): the demo logs it.
     """
+    t0 = time.perf_counter()
     if options is not None or audio.size / RATE > _LONG_CLIP_S:
-        return transcribe_full(
+        text = transcribe_full(
             model, audio, language=language, options=options, no_speech_threshold=no_speech_threshold
         )
-    text = transcribe_short(model, audio, language=language, no_speech_threshold=no_speech_threshold)
-    if not text:
-        # Nothing heard in the short window: ask the full one before saying so. An empty
-        # transcript leaves the turn open until a timeout (Pipecat waits for text), so a word the
-        # short window missed costs the caller far more than this second decode does.
-        text = transcribe_full(model, audio, language=language, no_speech_threshold=no_speech_threshold)
+        _note(trace, "full window", text, t0)
+        return text
+    info: dict[str, float] = {}
+    text = transcribe_short(model, audio, language=language, info=info)
+    if not info:  # no short window for this model and language: that was the full window
+        _note(trace, "full window", text, t0)
+        return text
+    ns, logprob = info["no_speech_prob"], info["avg_logprob"]
+    _note(trace, f"short window (no_speech {ns:.2f}, logprob {logprob:.2f})", text, t0)
+    if text and short_window_verdict(ns, logprob, no_speech_threshold) == "speech":
+        return text
+    # Nothing heard, or the short window cannot tell a word from a noise: ask the full window
+    # before saying so. An empty transcript leaves the turn open until a timeout (Pipecat waits
+    # for text), so a word lost here costs the caller far more than this second decode does.
+    t1 = time.perf_counter()
+    text = transcribe_full(model, audio, language=language, no_speech_threshold=no_speech_threshold)
+    _note(trace, "then full window", text, t1)
     return text
+
+
+# The short window's own no-speech verdict (see short_window_verdict): words decoded this
+# confidently are speech even when the short window's no_speech_prob reads high.
+_CLEAR_NO_SPEECH = 0.7
+_CLEAR_LOGPROB = -1.4
+
+
+def short_window_verdict(no_speech_prob: float, avg_logprob: float, threshold: float | None) -> str:
+    """``"speech"`` (take the short window's text) or ``"unsure"`` (ask the full window).
+
+    ``threshold`` is the caller's ``no_speech_prob`` limit, set for Whisper's 30 s window. On a
+    short window a one-word clip reads higher: "Please." through the browser's Opus gave
+    0.25-0.68 at 10 s and 0.10-0.34 at 30 s, so the threshold alone sends most one-word replies to
+    a second, full-window decode (~0.2-0.3 s more before the reply). The decoder's mean token
+    log-probability tells them apart from noise: one-word speech decoded at -1.34 or better,
+    coughs, bursts, hum and breath (hallucinated "I'm going to do that.") at -1.65 or worse, with
+    no_speech_prob 0.78-0.90 (``scripts/stt_latency.py --no-speech``, docs/BENCHMARKS.md "STT").
+    So text under the threshold is speech, as before; text decoded clearly
+    (``avg_logprob`` ≥ -1.4) with ``no_speech_prob`` under 0.7 is speech too; anything else is
+    left to the full window, whose verdict stands.
+    """
+    if threshold is None or no_speech_prob < threshold:
+        return "speech"
+    if no_speech_prob < _CLEAR_NO_SPEECH and avg_logprob >= _CLEAR_LOGPROB:
+        return "speech"
+    return "unsure"
+
+
+def _note(trace: list[str] | None, path: str, text: str, t0: float) -> None:
+    if trace is not None:
+        trace.append(f"{path}: {text!r} in {(time.perf_counter() - t0) * 1000:.0f} ms")
 
 
 def transcribe_full(
@@ -118,12 +165,18 @@ def transcribe_full(
 
 
 def transcribe_short(
-    model, audio: np.ndarray, *, language: str | None = "en", no_speech_threshold: float | None = None
+    model,
+    audio: np.ndarray,
+    *,
+    language: str | None = "en",
+    no_speech_threshold: float | None = None,
+    info: dict[str, float] | None = None,
 ) -> str:
     """Greedy decode over a 10 s encoder window (or the clip plus a margin, when longer).
 
-    A multilingual model is prompted in ``language``; without one it would have to detect the
-    language first, which faster-whisper's own path does.
+    ``info``, when given, receives the decode's ``no_speech_prob`` and ``avg_logprob`` (not set
+    when the decode went to the full window). A multilingual model is prompted in ``language``;
+    without one it would have to detect the language first, which faster-whisper's own path does.
     """
     import ctranslate2
 
@@ -144,8 +197,10 @@ def transcribe_short(
     x = ctranslate2.StorageView.from_array(np.ascontiguousarray(feats[None], dtype=np.float32))
     duration = audio.size / RATE
     result = model.model.generate(
-        x, [prompt], beam_size=1, max_length=int(20 + 10 * duration), return_no_speech_prob=True
+        x, [prompt], beam_size=1, max_length=int(20 + 10 * duration), return_no_speech_prob=True, return_scores=True
     )[0]
+    if info is not None:  # the score is the mean log-probability of the generated tokens
+        info.update(no_speech_prob=result.no_speech_prob, avg_logprob=result.scores[0])
     if no_speech_threshold is not None and result.no_speech_prob >= no_speech_threshold:
         return ""
     return _drop_repetition(_segments(result.sequences_ids[0], tok, eot, first_ts), duration)

