@@ -65,6 +65,7 @@ from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
 from pipelines.stt import default_model_path as default_whisper_path
+from pipelines.webrtc_uplink import release_audio_sooner
 from tts_service.localproc import ChildServer, StartError, free_port
 
 SYSTEM_PROMPT = (
@@ -215,6 +216,7 @@ async def bot(runner_args) -> None:
     from pipecat.workers.runner import WorkerRunner
 
     phone = isinstance(runner_args, WebSocketRunnerArguments)
+    release_audio_sooner()  # before the WebRTC receiver exists (pipelines.webrtc_uplink)
     if phone:
         transport = await twilio_transport(runner_args.websocket)
     else:
@@ -260,6 +262,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logger.remove()  # loguru's default sink is DEBUG: the per-turn INFO lines would drown
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
+    try:
+        release_audio_sooner()
+    except ValueError as exc:  # a bad STREAMVOX_WEBRTC_PREFETCH
+        raise SystemExit(f"pipecat_agent: {exc}") from None
     _check_port_free(args.host, args.port)  # before minutes of starting servers that would be for nothing
     children: list[ChildServer] = []
     # uvicorn re-raises a SIGTERM after its shutdown: exit through `finally`, which stops the children
