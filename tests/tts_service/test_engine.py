@@ -235,3 +235,14 @@ def test_voice_metadata(engine: PiperEngine) -> None:
     assert engine.resolve(None) == engine.default_voice
     with pytest.raises(KeyError):
         engine.resolve("no-such-voice")
+
+
+def test_a_cuda_session_that_falls_back_to_the_cpu_is_refused(engine: PiperEngine) -> None:
+    """onnxruntime quietly runs a CUDA session on the CPU when it lacks the CUDA libraries (here:
+    it has no CUDA provider at all); a server on --device cuda must say so, not serve from the CPU."""
+    from tts_service.piper.voices import VoiceError
+
+    cuda = PiperEngine()  # the CPU build here: only the session check is under test
+    cuda.device = "cuda"
+    with pytest.raises(VoiceError, match="fell back to CPUExecutionProvider"):
+        cuda._session(engine.voices[engine.default_voice].files.back_path)

@@ -112,6 +112,10 @@ class PiperEngine(Engine):
                 "--device cuda needs the CUDA provider of onnxruntime: pip install onnxruntime-gpu "
                 f"(this onnxruntime offers {ort.get_available_providers()})"
             )
+        if device == "cuda" and hasattr(ort, "preload_dlls"):
+            # CUDA and cuDNN from pip's nvidia-* wheels are not on the loader's path by themselves:
+            # without this a CUDA session silently falls back to the CPU
+            ort.preload_dlls()
         self.device = device
         self.threads = threads
         self.gain = gain
@@ -177,7 +181,15 @@ class PiperEngine(Engine):
         providers = (
             ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         )
-        return self._ort.InferenceSession(str(path), opts, providers=providers)
+        session = self._ort.InferenceSession(str(path), opts, providers=providers)
+        if self.device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
+            # a GPU figure measured on the CPU would be a lie: refuse to serve like this
+            raise VoiceError(
+                f"{path.name}: onnxruntime listed CUDAExecutionProvider but the session fell back to "
+                f"{session.get_providers()[0]}; the CUDA 12 / cuDNN 9 libraries it needs were not found "
+                "(install them, or pip install onnxruntime-gpu[cuda,cudnn])"
+            )
+        return session
 
     def _decoder_reach(self, files: VoiceFiles, back) -> Reach:
         """The decoder's receptive field: read from its graph, then checked on the running session.
