@@ -105,8 +105,8 @@ def transcribe(
     if not info:  # no short window for this model and language: that was the full window
         _note(trace, "full window", text, t0)
         return text
-    ns, logprob = info["no_speech_prob"], info["avg_logprob"]
-    _note(trace, f"short window (no_speech {ns:.2f}, logprob {logprob:.2f})", text, t0)
+    ns, logprob = info["no_speech_prob"], info["text_logprob"]
+    _note(trace, f"short window (no_speech {ns:.2f}, words' log-prob {logprob:.2f})", text, t0)
     if text and short_window_verdict(ns, logprob, no_speech_threshold) == "speech":
         return text
     # Nothing heard, or the short window cannot tell a word from a noise: ask the full window
@@ -120,27 +120,28 @@ def transcribe(
 
 # The short window's own no-speech verdict (see short_window_verdict): words decoded this
 # confidently are speech even when the short window's no_speech_prob reads high.
-_CLEAR_NO_SPEECH = 0.7
-_CLEAR_LOGPROB = -1.4
+_CLEAR_NO_SPEECH = 0.8
+_CLEAR_LOGPROB = -1.0
 
 
-def short_window_verdict(no_speech_prob: float, avg_logprob: float, threshold: float | None) -> str:
+def short_window_verdict(no_speech_prob: float, text_logprob: float, threshold: float | None) -> str:
     """``"speech"`` (take the short window's text) or ``"unsure"`` (ask the full window).
 
     ``threshold`` is the caller's ``no_speech_prob`` limit, set for Whisper's 30 s window. On a
     short window a one-word clip reads higher: "Please." through the browser's Opus gave
-    0.25-0.68 at 10 s and 0.10-0.34 at 30 s, so the threshold alone sends most one-word replies to
-    a second, full-window decode (~0.2-0.3 s more before the reply). The decoder's mean token
-    log-probability tells them apart from noise: one-word speech decoded at -1.34 or better,
-    coughs, bursts, hum and breath (hallucinated "I'm going to do that.") at -1.65 or worse, with
-    no_speech_prob 0.78-0.90 (``scripts/stt_latency.py --no-speech``, docs/BENCHMARKS.md "STT").
-    So text under the threshold is speech, as before; text decoded clearly
-    (``avg_logprob`` ≥ -1.4) with ``no_speech_prob`` under 0.7 is speech too; anything else is
-    left to the full window, whose verdict stands.
+    0.25-0.69 at 10 s and 0.10-0.34 at 30 s, so the threshold alone sends most one-word replies to
+    a second, full-window decode (~0.2-0.3 s more before the reply). How sure the decoder was of
+    the words themselves (``text_logprob``: the mean log-probability of the text tokens, timestamps
+    left out) tells them apart from noise: "Please." read -0.47 to -0.69; coughs, bursts, hum and
+    breath, clean or through Opus, were hallucinated ("I'm going to do that.", "Thank you.") at
+    -1.36 or lower, with no_speech_prob 0.69-0.94 (``scripts/stt_latency.py --no-speech``,
+    docs/BENCHMARKS.md "STT"). So text under the threshold is speech, as before; so is text whose
+    words were decoded clearly (``text_logprob`` >= -1.0) with ``no_speech_prob`` under 0.8;
+    anything else is left to the full window, whose verdict stands.
     """
     if threshold is None or no_speech_prob < threshold:
         return "speech"
-    if no_speech_prob < _CLEAR_NO_SPEECH and avg_logprob >= _CLEAR_LOGPROB:
+    if no_speech_prob < _CLEAR_NO_SPEECH and text_logprob >= _CLEAR_LOGPROB:
         return "speech"
     return "unsure"
 
@@ -174,7 +175,7 @@ def transcribe_short(
 ) -> str:
     """Greedy decode over a 10 s encoder window (or the clip plus a margin, when longer).
 
-    ``info``, when given, receives the decode's ``no_speech_prob`` and ``avg_logprob`` (not set
+    ``info``, when given, receives the decode's ``no_speech_prob`` and ``text_logprob`` (not set
     when the decode went to the full window). A multilingual model is prompted in ``language``;
     without one it would have to detect the language first, which faster-whisper's own path does.
     """
@@ -197,13 +198,32 @@ def transcribe_short(
     x = ctranslate2.StorageView.from_array(np.ascontiguousarray(feats[None], dtype=np.float32))
     duration = audio.size / RATE
     result = model.model.generate(
-        x, [prompt], beam_size=1, max_length=int(20 + 10 * duration), return_no_speech_prob=True, return_scores=True
+        x,
+        [prompt],
+        beam_size=1,
+        max_length=int(20 + 10 * duration),
+        return_no_speech_prob=True,
+        return_logits_vocab=True,  # each step's logits: how sure the decoder was of each word
     )[0]
-    if info is not None:  # the score is the mean log-probability of the generated tokens
-        info.update(no_speech_prob=result.no_speech_prob, avg_logprob=result.scores[0])
+    ids = result.sequences_ids[0]
+    if info is not None:
+        info.update(no_speech_prob=result.no_speech_prob, text_logprob=_text_logprob(ids, result.logits[0], eot))
     if no_speech_threshold is not None and result.no_speech_prob >= no_speech_threshold:
         return ""
-    return _drop_repetition(_segments(result.sequences_ids[0], tok, eot, first_ts), duration)
+    return _drop_repetition(_segments(ids, tok, eot, first_ts), duration)
+
+
+def _text_logprob(ids: list[int], logits, eot: int) -> float:
+    """Mean log-probability of the text tokens of a greedy decode (``logits[i]`` chose ``ids[i]``);
+    timestamp and special tokens (ids from ``eot`` up) are left out: a one-word clip's timing is
+    uncertain in a way its word is not. ``-inf`` when there is no text token."""
+    picked = []
+    for token, step in zip(ids, logits):
+        if token < eot:
+            row = np.asarray(step, dtype=np.float64).reshape(-1)
+            top = row.max()
+            picked.append(row[token] - top - np.log(np.exp(row - top).sum()))
+    return float(np.mean(picked)) if picked else float("-inf")
 
 
 def _segments(ids: list[int], tok, eot: int, first_ts: int) -> list[tuple[float | None, str]]:

