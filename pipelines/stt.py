@@ -128,16 +128,16 @@ def short_window_verdict(no_speech_prob: float, text_logprob: float, threshold: 
     """``"speech"`` (take the short window's text) or ``"unsure"`` (ask the full window).
 
     ``threshold`` is the caller's ``no_speech_prob`` limit, set for Whisper's 30 s window. On a
-    short window a one-word clip reads higher: "Please." through the browser's Opus gave
-    0.25-0.69 at 10 s and 0.10-0.34 at 30 s, so the threshold alone sends most one-word replies to
-    a second, full-window decode (~0.2-0.3 s more before the reply). How sure the decoder was of
-    the words themselves (``text_logprob``: the mean log-probability of the text tokens, timestamps
-    left out) tells them apart from noise: "Please." read -0.47 to -0.69; coughs, bursts, hum and
-    breath, clean or through Opus, were hallucinated ("I'm going to do that.", "Thank you.") at
-    -1.36 or lower, with no_speech_prob 0.69-0.94 (``scripts/stt_latency.py --no-speech``,
-    docs/BENCHMARKS.md "STT"). So text under the threshold is speech, as before; so is text whose
-    words were decoded clearly (``text_logprob`` >= -1.0) with ``no_speech_prob`` under 0.8;
-    anything else is left to the full window, whose verdict stands.
+    short window a one-word clip reads higher, above the threshold for most one-word replies from
+    the page, which then cost a second, full-window decode before the reply. ``no_speech_prob``
+    alone cannot tell such a word from noise there; how sure the decoder was of the words
+    themselves (``text_logprob``: the mean log-probability of the text tokens, timestamps left
+    out) can: Whisper's hallucinations on coughs, bursts and hum ("I'm going to do that.") come
+    with far less certain words. So text under the threshold is speech, as before; so is text
+    whose words were decoded clearly (``text_logprob`` >= -1.0) with ``no_speech_prob`` under
+    0.8; anything else is left to the full window, whose verdict stands. The measured ranges and
+    margins: docs/BENCHMARKS.md, "The short window's no-speech verdict"
+    (``scripts/stt_latency.py --no-speech``).
     """
     if threshold is None or no_speech_prob < threshold:
         return "speech"
