@@ -136,7 +136,7 @@ def test_options_fit_the_engine(engine: PiperEngine) -> None:
     from tts_service.piper.runtime import fit_options
 
     cpu = fit_options(engine, None)
-    assert cpu.windows == (engine.free_frames(), 64, 96) and cpu.context_frames == engine.context
+    assert cpu.windows == (engine.free_frames(), 64, 96, 192) and cpu.context_frames == engine.context
     assert cpu.max_jobs == 1 and cpu.workers == 1
 
     class Cuda:

@@ -39,10 +39,12 @@ class SchedulerOptions:
     # 40-140 ms. Held audio is dropped on cancel.
     compute_lead_s: float = 1.0
     # Latent frames per window, growing; the runtime raises each to what the engine decodes for
-    # the same price (a Piper window spans at least 65 frames: the first can hold 54). Steady
-    # windows of 96 frames (1.1 s) cost ~10 % less per frame than 64 (context 2 x 11 frames)
-    # and keep a newcomer's wait behind a running window near 40 ms.
-    windows: tuple[int, ...] = (6, 12, 24, 48, 64, 96)
+    # the same price (a Piper window spans at least 65 frames: the first can hold 54). Larger
+    # windows cost less per frame (context 2 x 11 frames, fixed costs per call): once a stream
+    # holds ~2.5 s of audio, 192-frame windows (2.2 s) cut the decode's CPU per audio second by
+    # ~5 % against 96 (`bench load --baseline`, docs/BENCHMARKS.md), while a newcomer waits behind
+    # at most one running window, a few tens of ms.
+    windows: tuple[int, ...] = (6, 12, 24, 48, 64, 96, 192)
     frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
     # Windows per batch. 1 on a CPU: batching windows of several streams there gives no
     # per-window gain (FACTS), and one window per batch means each window's audio leaves when it
