@@ -57,13 +57,13 @@ def spans(engine: PiperEngine, repeats: int) -> None:
     print(f"  whole segment ({p.frames} frames): {wall / p.frames:.3f} ms per audio frame")
     ref = engine.decode_whole(p)
     start, chunks = 0, []
-    for size in (54, 64, *[96] * 99):
+    for size in (54, 64, 96, *[192] * 99):  # the scheduler's plan on this voice
         if start >= p.frames:
             break
         end = min(p.frames, start + size)
         chunks.append(engine.decode([Window(p, start, end)])[0])
         start = end
-    print(f"  windows 54, 64, 96... vs whole: max |difference| {np.max(np.abs(np.concatenate(chunks) - ref)):.2e}")
+    print(f"  windows 54, 64, 96, 192... vs whole: max |difference| {np.max(np.abs(np.concatenate(chunks) - ref)):.2e}")
 
 
 def threads(engine: PiperEngine, repeats: int) -> None:
