@@ -128,3 +128,23 @@ def test_words_found_in_a_transcript() -> None:
     assert words_found("Sure, I can move your appointment to Thursday at 3 in the afternoon.", wanted) == 1.0
     assert words_found("Sure, I can move your appointment to Thursday.", wanted) == pytest.approx(1 / 3)
     assert words_found("", ("a",)) == 0.0
+
+
+def test_markdown_of_a_file_it_cannot_render_is_a_one_line_error(tmp_path, capsys) -> None:
+    """``bench markdown`` on another JSON (the browser scenario's, a truncated load run): the CLI's
+    one-line message with what the file is, not a KeyError traceback."""
+    import json
+
+    from tts_service.cli import main
+
+    cases = {
+        "scenario.json": ({"summary": {}, "sessions": {}}, 'no "bench" field'),
+        "cut.json": ({"bench": "load", "machine": {}, "levels": []}, "missing 'max_healthy_streams'"),
+        "other.json": ({"bench": "engine"}, "a 'engine' document"),
+    }
+    for name, (doc, why) in cases.items():
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        assert main(["bench", "markdown", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and why in err and name in err, err

@@ -290,5 +290,8 @@ def markdown_cmd(args: argparse.Namespace) -> int:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
             raise CliError(f"cannot read {path}: {exc}") from None
-        print(markdown(doc), end="\n\n")
+        try:
+            print(markdown(doc), end="\n\n")
+        except ValueError as exc:
+            raise CliError(f"{path}: {exc}") from None
     return 0

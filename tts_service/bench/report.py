@@ -330,7 +330,20 @@ def markdown_load(doc: dict) -> str:
     return out
 
 
+MARKDOWN_KINDS = ("load", "conformance")
+
+
 def markdown(doc: dict) -> str:
+    """The tables of a ``bench load`` or ``bench conformance`` JSON; ``ValueError`` (with what the
+    file is instead) for any other document."""
+    kind = doc.get("bench") if isinstance(doc, dict) else None
+    needed = "max_healthy_streams" if kind == "load" else "tests"
+    if kind not in MARKDOWN_KINDS or needed not in doc:
+        what = f"a {kind!r} document" if kind else 'no bench document (no "bench" field)'
+        raise ValueError(
+            f"this is {what}; markdown renders the JSON of `streamvox bench load` or `bench conformance`"
+            + (f" (missing {needed!r})" if kind in MARKDOWN_KINDS else "")
+        )
     m = doc.get("machine", {})
     head = (
         f"_{doc.get('bench')} run of {doc.get('date')}: {m.get('cores')} cores ({m.get('cpu_model')}), "
