@@ -49,7 +49,9 @@ def summarise(sessions: list[dict]) -> dict:
     """One mode's figures from its sessions' ``Session.figures()``."""
     turns = [t for s in sessions for t in s["turns"]]
     measured = [s["barge_in"] for s in sessions if s["barge_in"]]
-    barges = [b for b in measured if b.get("silence_ms") is not None]
+    # the caller's onset fell in the agent's pause (silence 0 by luck): counted, not in the medians
+    in_pause = [b for b in measured if b.get("in_pause")]
+    barges = [b for b in measured if b.get("silence_ms") is not None and not b.get("in_pause")]
     files = [s["from_file"] for s in sessions]
     file_v2v = [f[k] for f in files for k in ("barge_in_reply_v2v_ms", "answer_v2v_ms") if f[k] is not None]
     answers = [s["answer"] for s in sessions if s["answer"]]
@@ -65,7 +67,8 @@ def summarise(sessions: list[dict]) -> dict:
         "barge_in_server_stages_ms": _stage_medians([b["server"] for b in barges if b.get("server")], BARGE_STAGES),
         "browser_jitter_buffer_ms": _stats([b.get("jitter_buffer_ms") for b in barges]),
         "barge_ins_missed": len(sessions) - len(measured),
-        "barge_ins_kept_talking": len(measured) - len(barges),
+        "barge_ins_kept_talking": len(measured) - len(barges) - len(in_pause),
+        "barge_ins_in_a_pause": len(in_pause),
         # timed from the mic file's own speech instead of the page's (processed) mic signal
         "voice_to_voice_from_file_ms": _stats(file_v2v),
         "barge_in_silence_from_file_ms": _stats([f["barge_in_silence_ms"] for f in files if f["barge_in_silence_ms"]]),
@@ -82,7 +85,8 @@ def report(mode: str, s: dict) -> str:
     return "\n".join(
         [
             f"{mode}: {s['sessions']} sessions; at the page {s['barge_ins_missed']} without a barge-in measured,"
-            f" {s['barge_ins_kept_talking']} where the agent kept talking",
+            f" {s['barge_ins_kept_talking']} where the agent kept talking,"
+            f" {s.get('barge_ins_in_a_pause', 0)} with the onset in the agent's pause (not in the medians)",
             _line("voice-to-voice at page", s["voice_to_voice_ms"]),
             f"    server stages (median ms after the caller's speech end): {stages}",
             _line("  of which the question's", s["answer_voice_to_voice_ms"]),

@@ -71,8 +71,10 @@ const det = {
   mic: { on: false, run: 0, runStart: 0, onset: 0, last: -1e9 },
   bot: { on: false, run: 0, runStart: 0, onset: 0, last: -1e9, stoppedAt: -1e9 },
   barge: null,
+  pauseBarge: null, // a caller onset in the agent's pause, until the agent says whether it was cut
   recent: [], // {t, botDb} of the last second, for the level before a barge-in
   interruptedAt: -1e9,
+  botStoppedMsgAt: -1e9, // when the agent last said it stopped speaking
 };
 const chart = { t: [], mic: [], bot: [] };
 const pending = { page: [], server: [] }; // unpaired records, both kinds
@@ -424,7 +426,14 @@ function onBotStop(last) {
   if (!g) return;
   det.barge = null;
   const gone = last + 0.01;
-  if (gone <= g.onset) return; // the agent had finished before the caller spoke: no barge-in
+  if (gone <= g.onset) {
+    // The agent was quiet at the onset: finished, or between two words it never got to say
+    // because the caller cut it there. Only the agent knows which: it says "stopped speaking"
+    // after the onset if it was cut (onBotStoppedSpeaking), before it if it had finished.
+    det.pauseBarge = { onset: g.onset, quietSince: gone, jitterBufferMs: g.jitterBufferMs };
+    if (det.botStoppedMsgAt >= g.onset) onBotStoppedSpeaking(det.botStoppedMsgAt); // it said so already
+    return;
+  }
   addPageRecord({
     kind: "barge-in",
     t: gone,
@@ -437,6 +446,39 @@ function onBotStop(last) {
 }
 
 const ms = (s) => Math.round(1000 * s);
+
+// A caller onset in the agent's pause (det.pauseBarge), and the agent now says it stopped
+// speaking: it had not finished, the caller cut it in that pause, and the caller heard nothing of
+// it from the onset on - a barge-in whose yield and silence are 0, marked "in_pause" (the
+// benchmark counts these apart: their 0 ms is the pause's luck, not the agent's speed).
+function onBotStoppedSpeaking(t) {
+  det.botStoppedMsgAt = t;
+  const p = det.pauseBarge;
+  det.pauseBarge = null;
+  if (!p || t < p.onset || t - p.onset > KEPT_TALKING_S + BOT_END_S) return;
+  addPageRecord({
+    kind: "barge-in",
+    t: p.onset,
+    onset: p.onset,
+    silence_ms: 0,
+    yield_ms: 0,
+    in_pause: true,
+    quiet_before_ms: ms(p.onset - p.quietSince),
+    interrupted: det.interruptedAt >= p.onset - 0.5,
+    jitter_buffer_ms: p.jitterBufferMs,
+  });
+}
+
+// The agent's word that it was interrupted comes over the data channel, which can run behind the
+// audio: it may arrive after the page has already seen the agent's audio stop and recorded the
+// barge-in. Then it marks that barge-in, the latest one whose onset it follows.
+function markInterrupted(t) {
+  const rec = svx.records.findLast((r) => r.kind === "barge-in" && r.onset !== undefined);
+  if (rec && !rec.interrupted && t >= rec.onset - 0.5 && t - rec.onset < KEPT_TALKING_S + BOT_END_S) {
+    rec.interrupted = true;
+    render(rec);
+  }
+}
 
 // ---------------------------------------------------------------- RTVI messages
 function onRtvi(msg) {
@@ -466,6 +508,7 @@ function onRtvi(msg) {
       break;
     case "bot-interrupted":
       det.interruptedAt = t;
+      markInterrupted(t);
       if (botLine) {
         botLine.entry.interrupted = true;
         botLine.li.classList.add("interrupted");
@@ -473,6 +516,7 @@ function onRtvi(msg) {
       closeBotLine();
       break;
     case "bot-stopped-speaking":
+      onBotStoppedSpeaking(t);
       closeBotLine();
       break;
     case "server-message":

@@ -288,7 +288,7 @@ class Session:
         }
 
 
-BARGE_IN_KEYS = ("yield_ms", "silence_ms", "interrupted", "jitter_buffer_ms", "server")
+BARGE_IN_KEYS = ("yield_ms", "silence_ms", "interrupted", "in_pause", "jitter_buffer_ms", "server")
 
 
 def _js(driver, expr: str):
