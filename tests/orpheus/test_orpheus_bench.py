@@ -64,6 +64,7 @@ def test_gpu_check_script_runs_its_cpu_path(tmp_path):
     env = {
         **os.environ,
         "DEVICE": "cpu",
+        "ENGINES": "orpheus",  # the Piper stage's CPU path has its own test (tests/tts_service/test_gpu_check_piper.py)
         "PRESET": "tiny",
         "MAX_STREAMS": "2",
         "TOKENS": "14",
