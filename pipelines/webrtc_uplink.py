@@ -32,9 +32,9 @@ def audio_prefetch() -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{ENV}={raw!r}: give a whole number of packets (1 = none held, 4 = aiortc's own)") from None
-    if not 0 <= value <= 8:
-        raise ValueError(f"{ENV}={value}: between 0 and 8 packets")
+        raise ValueError(f"{ENV}={raw!r}: give a whole number of packets (1 = the fewest, 4 = aiortc's own)") from None
+    if not 1 <= value <= 8:
+        raise ValueError(f"{ENV}={value}: between 1 and 8 packets (1 = the fewest, 4 = aiortc's own)")
     return value
 
 

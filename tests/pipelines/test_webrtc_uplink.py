@@ -86,7 +86,7 @@ def test_the_environment_sets_the_count(monkeypatch):
     assert webrtc_uplink.audio_prefetch() == 4
     monkeypatch.delenv(webrtc_uplink.ENV)
     assert webrtc_uplink.audio_prefetch() == webrtc_uplink.DEFAULT_PREFETCH
-    for bad in ("two", "-1", "99"):
+    for bad in ("two", "0", "99"):
         monkeypatch.setenv(webrtc_uplink.ENV, bad)
         with pytest.raises(ValueError, match=webrtc_uplink.ENV):
             webrtc_uplink.audio_prefetch()

@@ -114,8 +114,12 @@ class PiperEngine(Engine):
             )
         if device == "cuda" and hasattr(ort, "preload_dlls"):
             # CUDA and cuDNN from pip's nvidia-* wheels are not on the loader's path by themselves:
-            # without this a CUDA session silently falls back to the CPU
-            ort.preload_dlls()
+            # without this a CUDA session silently falls back to the CPU. Libraries it cannot find
+            # are not an error here: the session check in _session says what is missing.
+            try:
+                ort.preload_dlls()
+            except Exception as exc:  # any loader failure: the session check reports what is missing
+                log.warning("onnxruntime.preload_dlls() failed: %s", exc)
         self.device = device
         self.threads = threads
         self.gain = gain
