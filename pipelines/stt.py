@@ -94,7 +94,7 @@ def transcribe(
     ``trace``, when given, receives one line per decode (path, result, time): the demo logs it.
     """
     t0 = time.perf_counter()
-    if options is not None or audio.size / RATE > _LONG_CLIP_S:
+    if options is not None or audio.size / RATE > _LONG_CLIP_S or _short_prompt(model, language) is None:
         text = transcribe_full(
             model, audio, language=language, options=options, no_speech_threshold=no_speech_threshold
         )
@@ -102,9 +102,6 @@ def transcribe(
         return text
     info: dict[str, float] = {}
     text = transcribe_short(model, audio, language=language, info=info)
-    if not info:  # no short window for this model and language: that was the full window
-        _note(trace, "full window", text, t0)
-        return text
     ns, logprob = info["no_speech_prob"], info["text_logprob"]
     _note(trace, f"short window (no_speech {ns:.2f}, words' log-prob {logprob:.2f})", text, t0)
     if text and short_window_verdict(ns, logprob, no_speech_threshold) == "speech":
@@ -176,21 +173,16 @@ def transcribe_short(
     """Greedy decode over a 10 s encoder window (or the clip plus a margin, when longer).
 
     ``info``, when given, receives the decode's ``no_speech_prob`` and ``text_logprob`` (not set
-    when the decode went to the full window). A multilingual model is prompted in ``language``;
-    without one it would have to detect the language first, which faster-whisper's own path does.
+    when the decode went to the full window: see :func:`_short_prompt`).
     """
     import ctranslate2
 
+    prompt = _short_prompt(model, language)
+    if prompt is None:
+        return transcribe_full(model, audio, language=language, no_speech_threshold=no_speech_threshold)
     tok = model.hf_tokenizer
-    sot, eot = tok.token_to_id("<|startoftranscript|>"), tok.token_to_id("<|endoftext|>")
+    eot = tok.token_to_id("<|endoftext|>")
     first_ts = tok.token_to_id("<|notimestamps|>") + 1  # timestamp tokens follow it, 20 ms apart
-    if not model.model.is_multilingual:
-        prompt = [sot]
-    else:
-        lang = tok.token_to_id(f"<|{language}|>") if language else None
-        if lang is None:
-            return transcribe_full(model, audio, language=language, no_speech_threshold=no_speech_threshold)
-        prompt = [sot, lang, tok.token_to_id("<|transcribe|>")]
     feats = model.feature_extractor(audio)[:, :-1]
     frames = min(3000, max(int(_MIN_WINDOW_S * 100), feats.shape[1] + int(_MARGIN_S * 100)))
     frames += frames % 2  # the encoder's stride-2 convolution
@@ -211,6 +203,20 @@ def transcribe_short(
     if no_speech_threshold is not None and result.no_speech_prob >= no_speech_threshold:
         return ""
     return _drop_repetition(_segments(ids, tok, eot, first_ts), duration)
+
+
+def _short_prompt(model, language: str | None) -> list[int] | None:
+    """The short window's decoder prompt; ``None`` where only faster-whisper's own path can run.
+
+    A multilingual model is prompted in ``language``; without a language it knows, it would have
+    to detect the language first, which faster-whisper's own path does.
+    """
+    tok = model.hf_tokenizer
+    sot = tok.token_to_id("<|startoftranscript|>")
+    if not model.model.is_multilingual:
+        return [sot]
+    lang = tok.token_to_id(f"<|{language}|>") if language else None
+    return None if lang is None else [sot, lang, tok.token_to_id("<|transcribe|>")]
 
 
 def _text_logprob(ids: list[int], logits, eot: int) -> float:

@@ -142,3 +142,27 @@ async def test_the_pipecat_service_yields_one_final_transcript(clips):
     frames = [f async for f in stt.run_stt(pcm)]
     texts = [f.text for f in frames if isinstance(f, TranscriptionFrame)]
     assert len(texts) == 1 and wer(QUESTIONS[0], texts[0]) <= 0.15, texts
+
+
+def test_a_multilingual_model_without_a_known_language_keeps_the_no_speech_threshold():
+    """Only tiny.en ships here, so a stand-in multilingual model: with no language token the turn
+    takes faster-whisper's own path, and that path still drops what it rates as not speech."""
+    from types import SimpleNamespace
+
+    seen: dict[str, object] = {}
+
+    def full(audio, language=None, **kwargs):
+        seen["language"] = language
+        segs = [SimpleNamespace(text=" Hola.", no_speech_prob=0.1), SimpleNamespace(text=" Eh", no_speech_prob=0.9)]
+        return iter(segs), None
+
+    model = SimpleNamespace(
+        model=SimpleNamespace(is_multilingual=True),
+        hf_tokenizer=SimpleNamespace(token_to_id=lambda t: {"<|startoftranscript|>": 1}.get(t)),
+        transcribe=full,
+    )
+    trace: list[str] = []
+    clip = np.zeros(16000, np.float32)
+    assert transcribe(model, clip, language="xx", no_speech_threshold=0.4, trace=trace) == "Hola."
+    assert seen["language"] == "xx" and len(trace) == 1 and trace[0].startswith("full window"), trace
+    assert transcribe(model, clip, language="xx") == "Hola. Eh"  # no threshold: every segment stands
