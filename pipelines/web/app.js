@@ -440,12 +440,18 @@ function onBotStop(last) {
     onset: g.onset,
     silence_ms: ms(gone - g.onset),
     yield_ms: ms(Math.min(g.quietSince === null ? gone : g.quietSince, gone) - g.onset),
-    interrupted: det.interruptedAt >= g.onset - 0.5, // the agent said it was interrupted
+    interrupted: saysInterrupted(det.interruptedAt, g.onset),
     jitter_buffer_ms: g.jitterBufferMs,
   });
 }
 
 const ms = (s) => Math.round(1000 * s);
+
+// Did the agent's "interrupted" (at t) answer the caller's onset? It may come a little before the
+// page's onset: the server's VAD can hear the speech first.
+function saysInterrupted(t, onset) {
+  return t >= onset - 0.5;
+}
 
 // A caller onset in the agent's pause (det.pauseBarge), and the agent now says it stopped
 // speaking: it had not finished, the caller cut it in that pause, and the caller heard nothing of
@@ -464,7 +470,7 @@ function onBotStoppedSpeaking(t) {
     yield_ms: 0,
     in_pause: true,
     quiet_before_ms: ms(p.onset - p.quietSince),
-    interrupted: det.interruptedAt >= p.onset - 0.5,
+    interrupted: saysInterrupted(det.interruptedAt, p.onset),
     jitter_buffer_ms: p.jitterBufferMs,
   });
 }
@@ -474,7 +480,7 @@ function onBotStoppedSpeaking(t) {
 // barge-in. Then it marks that barge-in, the latest one whose onset it follows.
 function markInterrupted(t) {
   const rec = svx.records.findLast((r) => r.kind === "barge-in" && r.onset !== undefined);
-  if (rec && !rec.interrupted && t >= rec.onset - 0.5 && t - rec.onset < KEPT_TALKING_S + BOT_END_S) {
+  if (rec && !rec.interrupted && saysInterrupted(t, rec.onset) && t - rec.onset < KEPT_TALKING_S + BOT_END_S) {
     rec.interrupted = true;
     render(rec);
   }
