@@ -26,7 +26,8 @@ Environment (defaults in brackets):
 
 ``TTS_URL`` [ws://127.0.0.1:8765/v1/stream], ``TTS_API_KEY`` [none], ``TTS_VOICE`` [server default],
 ``LLM_BASE_URL`` [http://127.0.0.1:8766/v1, ``pipelines.local_llm``], ``LLM_MODEL`` [smollm2], ``LLM_API_KEY``,
-``AGENT_INSTRUCTIONS``, ``AGENT_GREETING`` [empty: no greeting],
+``AGENT_SYSTEM_PROMPT`` and ``AGENT_GREETING`` [both as the Pipecat agent's: ``pipelines/persona.py``;
+an empty greeting: none], ``LLM_TEMPERATURE`` [unset: the endpoint's default, as the Pipecat agent],
 ``MIN_INTERRUPTION_DURATION`` [0.2], ``AEC_WARMUP_DURATION`` [3.0], ``FALSE_INTERRUPTION_TIMEOUT`` [1.0],
 and LiveKit's own ``LIVEKIT_URL`` / ``LIVEKIT_API_KEY`` / ``LIVEKIT_API_SECRET``.
 
@@ -91,19 +92,29 @@ from livekit.agents import (
 from livekit.agents.utils import AudioBuffer
 
 from agent.livekit import DEFAULT_URL, StreamvoxTTS
+from pipelines.persona import greeting, llm_temperature, system_prompt
 
 log = logging.getLogger("streamvox.livekit_agent")
 
 WHISPER_RATE = 16000
 DEFAULT_LLM_URL = "http://127.0.0.1:8766/v1"  # python -m pipelines.local_llm
-DEFAULT_INSTRUCTIONS = (
-    "You are a helpful voice assistant. Answer in one or two short spoken sentences, without lists, markdown or emoji."
-)
+
+
+SECONDS_SETTINGS = ("MIN_INTERRUPTION_DURATION", "FALSE_INTERRUPTION_TIMEOUT", "AEC_WARMUP_DURATION")
 
 
 def _env_float(name: str, default: float) -> float:
+    """A duration in seconds from the environment; ValueError with a one-line reason if it is not one."""
     raw = os.environ.get(name, "").strip()
-    return float(raw) if raw else default
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0.0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 # ---------------------------------------------------------------- STT
@@ -193,7 +204,7 @@ class OpenAICompatibleLLM(llm.LLM):
         base_url: str = DEFAULT_LLM_URL,
         model: str = "smollm2",
         api_key: str | None = None,
-        temperature: float = 0.7,
+        temperature: float | None = None,
         max_tokens: int = 200,
     ) -> None:
         super().__init__()
@@ -244,9 +255,10 @@ class _ChatStream(llm.LLMStream):
             "model": owner._model,
             "messages": messages,
             "stream": True,
-            "temperature": owner._temperature,
             "max_tokens": owner._max_tokens,
         }
+        if owner._temperature is not None:  # None: the endpoint's own default (greedy for local_llm)
+            body["temperature"] = owner._temperature
         headers = {"Authorization": f"Bearer {owner._api_key}"} if owner._api_key else {}
         request_id = utils.shortuuid()
         try:
@@ -343,6 +355,7 @@ def build_session(
             base_url=os.environ.get("LLM_BASE_URL") or DEFAULT_LLM_URL,
             model=os.environ.get("LLM_MODEL", "smollm2"),
             api_key=os.environ.get("LLM_API_KEY") or None,
+            temperature=llm_temperature(),
         ),
         tts=tts_engine
         or StreamvoxTTS(
@@ -374,16 +387,21 @@ server = AgentServer(setup_fnc=prewarm)
 @server.rtc_session()
 async def entrypoint(ctx: JobContext) -> None:
     session = build_session(vad=ctx.proc.userdata["vad"], stt_engine=ctx.proc.userdata["stt"])
-    await session.start(
-        agent=Agent(instructions=os.environ.get("AGENT_INSTRUCTIONS", DEFAULT_INSTRUCTIONS)), room=ctx.room
-    )
-    greeting = os.environ.get("AGENT_GREETING", "").strip()
-    if greeting:
-        session.say(greeting)
+    await session.start(agent=Agent(instructions=system_prompt()), room=ctx.room)
+    first_words = greeting()
+    if first_words:
+        session.say(first_words)
 
 
 def _check_livekit_env(argv: list[str]) -> None:
-    """The worker commands need a LiveKit server: say so in one line instead of LiveKit's traceback."""
+    """The worker commands need a LiveKit server, and settings that parse: say so in one line,
+    before the worker starts, instead of a traceback in every job."""
+    try:
+        for name in SECONDS_SETTINGS:
+            _env_float(name, 0.0)
+        llm_temperature()
+    except ValueError as exc:
+        raise SystemExit(f"livekit_agent: {exc}") from None
     wants_server = any(cmd in argv[1:2] for cmd in ("dev", "start", "connect"))
     missing = [v for v in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET") if not os.environ.get(v)]
     if wants_server and missing and not any(a.startswith("--url") for a in argv):

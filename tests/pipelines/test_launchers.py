@@ -32,3 +32,19 @@ def test_the_livekit_worker_names_the_missing_settings():
     proc = _run(["pipelines.livekit_agent", "dev"], env=env)
     assert proc.returncode != 0
     assert "LIVEKIT_URL" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_pipecat_demo_names_a_bad_temperature_before_starting_anything():
+    proc = _run(["pipelines.pipecat_agent", "--port", "0"], env={**os.environ, "LLM_TEMPERATURE": "hot"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "LLM_TEMPERATURE must be a number within [0, 2], got 'hot'" in out
+    assert "starting the TTS server" not in out and "Traceback" not in out
+
+
+def test_the_livekit_worker_names_a_bad_setting_before_it_starts():
+    env = {**os.environ, "FALSE_INTERRUPTION_TIMEOUT": "soon"}
+    proc = _run(["pipelines.livekit_agent", "dev"], env=env)
+    assert proc.returncode != 0
+    assert "FALSE_INTERRUPTION_TIMEOUT must be a number of seconds >= 0, got 'soon'" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,45 @@
+"""What the assembled agents say and how they are told to speak, shared by the Pipecat and LiveKit agents.
+
+Kept free of either framework so the LiveKit worker does not import Pipecat (and back). Both read
+the same environment variables, so a prompt set for one agent means the same for the other.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+SYSTEM_PROMPT = (
+    "You are a friendly voice assistant on a phone or video call. Your replies are spoken aloud: "
+    "answer in one to three short sentences of plain conversational English, with no lists, "
+    "no markdown, no emoji and no special characters. If you did not understand, ask briefly."
+)
+GREETING = "Hello! I am the streamvox demo agent. Ask me anything, and feel free to interrupt me."
+
+
+def system_prompt(env: Mapping[str, str] = os.environ) -> str:
+    """``AGENT_SYSTEM_PROMPT``; ``AGENT_INSTRUCTIONS`` (the LiveKit worker's former name) still works."""
+    return env.get("AGENT_SYSTEM_PROMPT") or env.get("AGENT_INSTRUCTIONS") or SYSTEM_PROMPT
+
+
+def greeting(env: Mapping[str, str] = os.environ) -> str | None:
+    """``AGENT_GREETING``: the agent's first words; set but empty: no greeting."""
+    text = env.get("AGENT_GREETING", GREETING).strip()
+    return text or None
+
+
+def llm_temperature(env: Mapping[str, str] = os.environ) -> float | None:
+    """``LLM_TEMPERATURE``; unset: None, the endpoint's own default (``pipelines.local_llm``: greedy).
+
+    Raises ValueError with a one-line reason for anything but a number within [0, 2].
+    """
+    raw = env.get("LLM_TEMPERATURE", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 2.0:
+        raise ValueError(f"LLM_TEMPERATURE must be a number within [0, 2], got {raw!r}")
+    return value
