@@ -13,13 +13,17 @@ replies (to the barge-in, to the question). Printed and written as JSON:
     .venv/bin/python scripts/browser_scenario.py --runs 5 --json out/browser_scenario.json
 
 ``LLM_BASE_URL`` / ``TTS_URL`` in the environment are passed to the demo (a real LLM, a remote
-TTS server), as with ``make demo``.
+TTS server), as with ``make demo``. ``--lead-s`` and ``--greeting`` move the barge-in later into a
+longer greeting (the echo-cancellation comparison in docs/BENCHMARKS.md)::
+
+    .venv/bin/python scripts/browser_scenario.py --runs 3 --lead-s 7 --greeting "$(cat long.txt)"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -108,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="headphones,echo-cancellation", help="comma-separated, in this order")
     parser.add_argument("--json", type=Path, default=H.OUT / "scenario.json")
     parser.add_argument("--verbose", action="store_true", help="the demo agent's DEBUG log (Pipecat's frames)")
+    parser.add_argument(
+        "--lead-s", type=float, default=H.LEAD_S, help=f"the barge-in starts this long after the mic opens ({H.LEAD_S})"
+    )
+    parser.add_argument("--greeting", help="the agent's greeting (AGENT_GREETING; default: the demo's)")
     parser.add_argument("--summarise", type=Path, metavar="JSON", help="only print the summary of an earlier run")
     args = parser.parse_args(argv)
     if args.summarise:
@@ -119,15 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(modes) - {"headphones", "echo-cancellation"}
     if unknown or args.runs < 1:
         parser.error(f"--modes takes headphones and/or echo-cancellation (not {sorted(unknown)}); --runs >= 1")
+    if not 0.5 <= args.lead_s <= 60:
+        parser.error("--lead-s takes 0.5 to 60 seconds")
+    if args.greeting is not None and not args.greeting.strip():
+        parser.error("--greeting takes a text (leave it out for the demo's own)")
     paths = H.chromium_paths()
     if isinstance(paths, str):
         print(f"browser_scenario: {paths}", file=sys.stderr)
         return 2
-    plan = H.make_mic_wav(H.OUT / "mic.wav")
+    plan = H.make_mic_wav(H.OUT / "mic.wav", lead_s=args.lead_s)
     results: dict[str, dict] = {}
     raw: dict[str, list] = {}
     t0 = time.monotonic()
-    with H.Demo(verbose=args.verbose) as demo:
+    env = dict(os.environ, AGENT_GREETING=args.greeting) if args.greeting else None
+    with H.Demo(env=env, verbose=args.verbose) as demo:
         for mode in modes:
             raw[mode] = []
             for i in range(args.runs):

