@@ -66,7 +66,7 @@ from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
 from pipelines.stt import default_model_path as default_whisper_path
-from pipelines.webrtc_uplink import audio_prefetch, release_audio_sooner
+from pipelines.webrtc_uplink import release_audio_sooner, uplink_mode
 from tts_service.localproc import ChildServer, StartError, free_port
 
 
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     logger.remove()  # loguru's default sink is DEBUG: the per-turn INFO lines would drown
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
     try:
-        audio_prefetch()  # a bad STREAMVOX_WEBRTC_PREFETCH fails here, in one line; the room applies it
+        uplink_mode()  # a bad STREAMVOX_WEBRTC_UPLINK fails here, in one line; the room applies it
         llm_temperature()
     except ValueError as exc:
         raise SystemExit(f"pipecat_agent: {exc}") from None

@@ -1,6 +1,8 @@
-"""Test harness of the Pipecat plug-in: a counting server, a real-time player, a frame probe.
+"""Test harness of the Pipecat plug-in: a counting server, a real-time player, a frame probe,
+callers of the demo room (WebRTC through aiortc, with an optionally lossy uplink; Twilio).
 
-Imported as ``tests.pipecat.harness`` by the suite and by ``tests/pipecat/bargein_ttfb.py``.
+Imported as ``tests.pipecat.harness`` by the suite, by ``tests/pipecat/bargein_ttfb.py`` and by
+``scripts/uplink_loss.py``.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fractions
 import json
 import re
 import socket
@@ -15,8 +18,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
+from aiortc import MediaStreamTrack
+from av import AudioFrame
 from pipecat.frames.frames import (
     Frame,
     InterruptionFrame,
@@ -225,6 +231,119 @@ async def room_server(config) -> AsyncIterator[tuple[str, list]]:
             await agent.worker.cancel()
         server.should_exit = True
         await asyncio.wait_for(task, 15)
+
+
+# ---------------------------------------------------------------- a WebRTC caller (aiortc)
+
+RATE = 16000  # what the aiortc caller's microphone sends
+SAMPLES = 320  # 20 ms
+
+
+class Microphone(MediaStreamTrack):
+    """A microphone that plays queued 16 kHz PCM in real time, silence otherwise."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending = b""
+        self._start: float | None = None
+        self._pts = 0
+        self.speech_ended_at = 0.0
+
+    def say(self, pcm: bytes) -> None:
+        self._pending += pcm
+
+    async def recv(self) -> AudioFrame:
+        if self._start is None:
+            self._start = time.monotonic()
+        self._pts += SAMPLES
+        await asyncio.sleep(max(0.0, self._start + self._pts / RATE - time.monotonic()))
+        chunk, self._pending = self._pending[: 2 * SAMPLES], self._pending[2 * SAMPLES :]
+        if chunk and not self._pending:
+            self.speech_ended_at = time.monotonic()
+        frame = AudioFrame(format="s16", layout="mono", samples=SAMPLES)
+        frame.planes[0].update(chunk.ljust(2 * SAMPLES, b"\0"))
+        frame.sample_rate = RATE
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, RATE)
+        return frame
+
+
+class LossyUplink:
+    """Drops every ``every``-th RTP packet the client sends (RTCP passes)."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.sent, self.dropped = every, 0, 0
+
+    def install(self, pc) -> None:
+        """On an ``RTCPeerConnection`` after ``setLocalDescription`` (its transport exists then)."""
+        if not self.every:
+            return
+        transport = pc.getSenders()[0].transport
+        send = transport._send_rtp
+
+        async def lossy(data: bytes) -> None:
+            if not 192 <= data[1] <= 223:  # RTP, not RTCP
+                self.sent += 1
+                if self.sent % self.every == self.every // 2:
+                    self.dropped += 1
+                    return
+            await send(data)
+
+        transport._send_rtp = lossy
+
+
+@dataclass
+class WebRTCCall:
+    """A connected aiortc caller: its microphone, what it heard ((time, RMS) per 20 ms), its uplink."""
+
+    pc: Any
+    mic: Microphone
+    uplink: LossyUplink
+    heard: list[tuple[float, float]] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def webrtc_call(http, base: str, *, loss_every: int = 0, before_offer=None) -> AsyncIterator[WebRTCCall]:
+    """Call the demo room at ``base`` as a browser would (``/start``, then the SDP offer) over aiortc.
+
+    ``loss_every``: the uplink drops every N-th RTP packet. ``before_offer()`` runs after the
+    caller's own receiver exists and before the agent makes its one (module-level aiortc settings).
+    """
+    import numpy as np
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    async with http.post(f"{base}/start", json={}) as resp:
+        session = (await resp.json())["sessionId"]
+    call = WebRTCCall(RTCPeerConnection(), Microphone(), LossyUplink(loss_every))
+    call.pc.addTrack(call.mic)
+    readers: list[asyncio.Task] = []
+
+    @call.pc.on("track")
+    def on_track(track) -> None:
+        async def read() -> None:
+            while True:
+                frame = await track.recv()
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                call.heard.append((time.monotonic(), float(np.sqrt(np.mean(pcm**2)))))
+
+        readers.append(asyncio.create_task(read()))
+
+    try:
+        await call.pc.setLocalDescription(await call.pc.createOffer())
+        call.uplink.install(call.pc)
+        if before_offer is not None:
+            before_offer()
+        offer = {"sdp": call.pc.localDescription.sdp, "type": call.pc.localDescription.type}
+        async with http.post(f"{base}/sessions/{session}/api/offer", json=offer) as resp:
+            answer = await resp.json()
+        await call.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        yield call
+    finally:
+        for task in readers:
+            task.cancel()
+        await call.pc.close()
 
 
 # ---------------------------------------------------------------- a Twilio media-stream caller
