@@ -1,7 +1,8 @@
 """Add streamvox to an existing Pipecat app: a Pipecat 1.14 voice bot whose TTS is streamvox.
 
 The lines marked ``# streamvox`` are the whole change to a typical bot: import the service, create
-it, put it where the old TTS service was. Everything else is Pipecat's usual voice-bot skeleton.
+it, put it where the old TTS service was (and, optionally, the WebRTC uplink fix of
+``agent.webrtc_uplink``, which any SmallWebRTC bot can use). Everything else is Pipecat's usual voice-bot skeleton.
 
 Run (three terminals, or background the first two)::
 
@@ -35,9 +36,11 @@ from pipecat.transports.base_transport import TransportParams
 from pipecat.workers.runner import WorkerRunner
 
 from agent.pipecat import StreamvoxTTSService  # streamvox
+from agent.webrtc_uplink import release_audio_sooner  # streamvox (optional): a prompt WebRTC uplink
 
 
 async def bot(runner_args):
+    release_audio_sooner()  # streamvox (optional): before the first WebRTC connection; idempotent
     params = {"webrtc": lambda: TransportParams(audio_in_enabled=True, audio_out_enabled=True)}
     transport = await create_transport(runner_args, params)
     stt = WhisperSTTService(

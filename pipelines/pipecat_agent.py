@@ -61,12 +61,12 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_yield import YieldGate
+from agent.webrtc_uplink import release_audio_sooner, uplink_mode
 from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
 from pipelines.stt import default_model_path as default_whisper_path
-from pipelines.webrtc_uplink import release_audio_sooner, uplink_mode
 from tts_service.localproc import ChildServer, StartError, free_port
 
 
@@ -211,7 +211,7 @@ async def bot(runner_args) -> None:
     from pipecat.workers.runner import WorkerRunner
 
     phone = isinstance(runner_args, WebSocketRunnerArguments)
-    release_audio_sooner()  # before the WebRTC receiver exists (pipelines.webrtc_uplink)
+    release_audio_sooner()  # before the WebRTC receiver exists (agent.webrtc_uplink)
     if phone:
         transport = await twilio_transport(runner_args.websocket)
     else:

@@ -43,7 +43,7 @@ from pipecat.transports.smallwebrtc.request_handler import (
 from pipecat.transports.smallwebrtc.transport import SmallWebRTCTransport
 from pipecat.workers.runner import WorkerRunner
 
-from pipelines.webrtc_uplink import release_audio_sooner
+from agent.webrtc_uplink import release_audio_sooner
 
 WEB_DIR = Path(__file__).resolve().parent / "web"  # shipped as package data (pyproject.toml)
 
@@ -63,7 +63,7 @@ def build_room_app(make_agent: AgentFactory, *, on_agent: Callable[[RoomAgent], 
     """The app; ``on_agent`` sees every agent created (tests and figures use it)."""
     if not (WEB_DIR / "index.html").is_file():
         raise FileNotFoundError(f"the demo page is missing ({WEB_DIR}/index.html): reinstall streamvox")
-    release_audio_sooner()  # the caller's voice reaches the agent sooner, and stays prompt (pipelines.webrtc_uplink)
+    release_audio_sooner()  # the caller's voice reaches the agent sooner, and stays prompt (agent.webrtc_uplink)
     handler = SmallWebRTCRequestHandler()
     sessions: dict[str, dict] = {}
     tasks: set[asyncio.Task] = set()

@@ -1,5 +1,5 @@
 """The WebRTC uplink with lost packets: barge-in and voice-to-voice at the caller, aiortc's jitter
-buffer against ours (``pipelines/webrtc_uplink.py``), side by side in one run.
+buffer against ours (``agent/webrtc_uplink.py``), side by side in one run.
 
 The demo room (``pipelines.pipecat_room``: Silero VAD, Whisper, the streamvox server and voice;
 a scripted LLM endpoint, so the LLM's time does not blur the comparison) and an aiortc client
@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp
 
-from pipelines import webrtc_uplink
+from agent import webrtc_uplink
 from tests.pipecat.harness import RATE, counting_server, fake_llm, room_server, webrtc_call
 from tts_service.bench.stats import median, percentile
 from tts_service.client import TTSClient

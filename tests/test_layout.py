@@ -25,7 +25,7 @@ FRAMEWORKS = ("pipecat", "livekit")
 # session, and the helpers that start a local server
 AGENT_MAY_USE = ("tts_service.protocol", "tts_service.client", "tts_service.session", "tts_service.localproc")
 ENGINES = ("tts_service.piper", "tts_service.orpheus")  # engine packages beside tts_service/core
-PUBLIC_API = ("tts_service.client", "tts_service.protocol", "agent.pipecat", "agent.livekit")
+PUBLIC_API = ("tts_service.client", "tts_service.protocol", "agent.pipecat", "agent.livekit", "agent.webrtc_uplink")
 
 
 def _module_name(path: Path) -> str:

@@ -14,7 +14,7 @@ import time
 import aiohttp
 import pytest
 
-from pipelines.webrtc_uplink import PATIENCE, AudioReorderBuffer
+from agent.webrtc_uplink import PATIENCE, AudioReorderBuffer
 from tests.pipecat.harness import RATE, counting_server, fake_llm, room_server, webrtc_call
 from tts_service.client import TTSClient
 

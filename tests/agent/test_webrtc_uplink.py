@@ -17,8 +17,8 @@ from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 from av import AudioFrame
 
-from pipelines import webrtc_uplink
-from pipelines.webrtc_uplink import AudioReorderBuffer, FrameBatch
+from agent import webrtc_uplink
+from agent.webrtc_uplink import AudioReorderBuffer, FrameBatch
 
 OPUS = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000, channels=2, payloadType=111)
 
