@@ -48,3 +48,11 @@ def test_the_livekit_worker_names_a_bad_setting_before_it_starts():
     assert proc.returncode != 0
     assert "FALSE_INTERRUPTION_TIMEOUT must be a number of seconds >= 0, got 'soon'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_pipecat_demo_names_a_bad_uplink_setting_before_starting_anything():
+    proc = _run(["pipelines.pipecat_agent", "--port", "0"], env={**os.environ, "STREAMVOX_WEBRTC_UPLINK": "fast"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "STREAMVOX_WEBRTC_UPLINK='fast'" in out and "'aiortc'" in out
+    assert "starting the TTS server" not in out and "Traceback" not in out
