@@ -21,7 +21,9 @@ as all the packets before it are in. It waits for a missing packet until ``PATIE
 have arrived, then gives it up: the decoder skips 20 ms, which costs the VAD and Whisper less
 than being late. Whatever is ready then, after a gap closes or is given up, goes out at once.
 That is a :class:`FrameBatch`, which the wrapped audio decoder decodes part by part, so no backlog
-can build up. A packet that arrives after it was given up is dropped. Video keeps aiortc's buffer.
+can build up. A packet that arrives after it was given up is dropped, and so is one with no payload
+(padding): handed to the Opus decoder, an empty packet ends its stream, and every packet after it
+fails to decode. Video keeps aiortc's buffer.
 
 Installed process-wide (module globals that aiortc's receiver reads when it is made and when its
 decoder thread starts), so the demo agent installs it once at start-up. ``STREAMVOX_WEBRTC_UPLINK``
@@ -124,7 +126,8 @@ class AudioReorderBuffer:
         while self._waiting:
             while self._next in self._waiting:
                 got = self._waiting.pop(self._next)
-                ready.append(JitterFrame(data=got._data, timestamp=got.timestamp))  # type: ignore[attr-defined]
+                if got._data:  # type: ignore[attr-defined]  # an empty one (padding) would end the decoder's stream
+                    ready.append(JitterFrame(data=got._data, timestamp=got.timestamp))  # type: ignore[attr-defined]
                 self._next = (self._next + 1) & 0xFFFF
             if not self._waiting:
                 break
@@ -156,8 +159,10 @@ class BatchDecoder:
                 frames.extend(self.inner.decode(part))
             except Exception as exc:  # one bad packet must not cost the ones after it
                 failed = failed or exc
-        if failed is not None and not frames:
-            raise failed
+        if failed is not None:
+            if not frames:
+                raise failed  # the receiver's decoder thread logs it and goes on, as for any frame
+            log.warning("an audio packet of a batch failed to decode (%r); the others went on", failed)
         return frames
 
 

@@ -129,13 +129,7 @@ def test_the_real_receiver_gets_ours_for_audio_and_aiortcs_for_video(restore_aio
 def test_the_wrapped_opus_decoder_decodes_every_part_of_a_batch(restore_aiortc):
     webrtc_uplink.release_audio_sooner("prompt")
     decoder = receiver.get_decoder(OPUS)  # the module global the receiver's decoder thread calls
-    encoder, packets = OpusEncoder(), []
-    tone = (0.3 * 32767 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype("<i2")
-    for i in range(10):
-        frame = AudioFrame.from_ndarray(tone[None, 960 * i : 960 * (i + 1)], format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = 48000, 960 * i, fractions.Fraction(1, 48000)
-        payloads, _ = encoder.encode(frame)
-        packets += payloads
+    packets = _opus_packets(10)
     buf = AudioReorderBuffer()
     frames = []
     for seq in [0, 1, 3, 4, 2, 5, 6, 7, 8, 9]:  # 2 late: 2, 3 and 4 come out together
@@ -145,6 +139,40 @@ def test_the_wrapped_opus_decoder_decodes_every_part_of_a_batch(restore_aiortc):
     assert len(frames) == 10 and [f.pts for f in frames] == [960 * i for i in range(10)]
     pcm = np.concatenate([f.to_ndarray().reshape(-1, 2)[:, 0] for f in frames[2:]]).astype(np.float32) / 32768
     assert np.sqrt(np.mean(pcm**2)) > 0.1  # the tone came through: real audio, not silence
+
+
+def test_an_empty_packet_is_not_handed_to_the_decoder(restore_aiortc):
+    webrtc_uplink.release_audio_sooner("prompt")
+    decoder = receiver.get_decoder(OPUS)
+    packets = _opus_packets(4)
+    buf = AudioReorderBuffer()
+    frames = []
+    for seq, payload in enumerate([packets[0], b"", packets[1], packets[2]]):  # padding in the middle
+        _, encoded = buf.add(_packet(seq, payload))
+        if encoded is not None:
+            frames += decoder.decode(encoded)
+    assert len(frames) == 3  # aiortc's own Opus decoder, given the empty one, fails every packet after it
+
+
+def test_a_bad_packet_in_a_batch_does_not_cost_the_others(restore_aiortc, caplog):
+    webrtc_uplink.release_audio_sooner("prompt")
+    decoder = receiver.get_decoder(OPUS)
+    good = _opus_packets(2)
+    batch = FrameBatch([JitterFrame(good[0], 0), JitterFrame(b"\xff\xff\xff\xff", 960), JitterFrame(good[1], 1920)])
+    assert len(decoder.decode(batch)) == 2
+    assert "failed to decode" in caplog.text
+
+
+def _opus_packets(n: int) -> list[bytes]:
+    """``n`` real Opus packets of a 440 Hz tone, 20 ms each, from aiortc's own encoder."""
+    encoder, packets = OpusEncoder(), []
+    tone = (0.3 * 32767 * np.sin(2 * np.pi * 440 * np.arange(960 * n) / 48000)).astype("<i2")
+    for i in range(n):
+        frame = AudioFrame.from_ndarray(tone[None, 960 * i : 960 * (i + 1)], format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = 48000, 960 * i, fractions.Fraction(1, 48000)
+        payloads, _ = encoder.encode(frame)
+        packets += payloads
+    return packets
 
 
 def test_the_environment_picks_the_buffer(monkeypatch):
