@@ -34,9 +34,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import aiohttp
 
 from agent import webrtc_uplink
-from tests.pipecat.harness import RATE, counting_server, fake_llm, room_server, webrtc_call
+from tests.pipecat.harness import (
+    QUIET_S,
+    RATE,
+    VOICED,
+    counting_server,
+    fake_llm,
+    first_time,
+    room_server,
+    silenced_at,
+    speech,
+    webrtc_call,
+)
 from tts_service.bench.stats import median, percentile
-from tts_service.client import TTSClient
 
 BARGE_IN = "Sorry to interrupt you"  # no comma: one run of speech, so no turn ends inside it
 QUESTION = "What is the capital of France"
@@ -45,15 +55,6 @@ REPLIES = [
     "The capital of France is Paris. It is a large and busy city on the river Seine, with many museums, "
     "old bridges and famous gardens. Most people arrive by train at one of its six big stations.",
 ]
-VOICED = 0.01  # RMS of a voiced 20 ms frame
-QUIET_S = 0.3  # this long without a voiced frame: the agent is quiet
-
-
-async def _speech(url: str, text: str) -> bytes:
-    async with TTSClient(url) as client:
-        ctx = await client.open(text=text, sample_rate=RATE, pace=False)
-        await ctx.end()
-        return await ctx.collect()
 
 
 async def session(base: str, http: aiohttp.ClientSession, mode: str, loss: int, barge: bytes, question: bytes):
@@ -68,19 +69,13 @@ async def _converse(call, barge: bytes, question: bytes) -> dict[str, Any]:
     heard, mic = call.heard, call.mic
 
     async def voiced_after(t0: float, timeout: float) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            hit = next((t for t, rms in reversed(heard) if t > t0 and rms > VOICED), None)
-            if hit is not None:
-                return min(t for t, rms in heard if t > t0 and rms > VOICED)
-            await asyncio.sleep(0.02)
-        raise TimeoutError("the agent said nothing")
+        return await first_time(heard, lambda t, rms: t > t0 and rms > VOICED, timeout, "the agent's voice")
 
     async def quiet_since(t0: float, timeout: float) -> float:
         """The last voiced frame after t0 that ``QUIET_S`` of quiet followed."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            last = max((t for t, rms in heard if t >= t0 and rms > VOICED), default=t0)
+            last = silenced_at([(t, rms) for t, rms in heard if t >= t0], t0)
             if heard and heard[-1][0] - last >= QUIET_S:
                 return last
             await asyncio.sleep(0.02)
@@ -125,7 +120,7 @@ async def run(args) -> dict[str, Any]:
     engine = load_engine()
     results: dict[str, list] = {m: [] for m in args.modes}
     async with counting_server(engine) as tts, fake_llm(REPLIES * (2 * args.runs * len(args.modes))) as (llm, _):
-        barge, question = await _speech(tts.ws_url, BARGE_IN), await _speech(tts.ws_url, QUESTION)
+        barge, question = await speech(tts.ws_url, BARGE_IN), await speech(tts.ws_url, QUESTION)
         config = AgentConfig(tts_url=tts.ws_url, llm_base_url=llm, llm_model="fake")
         async with room_server(config) as (base, _agents), aiohttp.ClientSession() as http:
             for i in range(args.runs):

@@ -37,6 +37,7 @@ from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import TransportParams
 
 from tts_service import protocol as P
+from tts_service.client import TTSClient
 from tts_service.piper.runtime import Synthesizer
 from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig
@@ -239,6 +240,27 @@ RATE = 16000  # what the aiortc caller's microphone sends
 SAMPLES = 320  # 20 ms
 
 
+async def first_time(recorded: list, pred, timeout: float, what) -> float:
+    """The time of the first ``(t, item)`` in ``recorded`` (a list that grows while we wait) with
+    ``pred(t, item)``; AssertionError after ``timeout`` s, naming ``what`` (a text, or a function
+    that says it then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for t, item in recorded:
+            if pred(t, item):
+                return t
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+
+
+async def speech(url: str, text: str, *, sample_rate: int = RATE, encoding: str | None = None) -> bytes:
+    """A caller's words, rendered whole by the streamvox server at ``url`` (the bundled voice)."""
+    async with TTSClient(url) as client:
+        ctx = await client.open(text=text, sample_rate=sample_rate, encoding=encoding, pace=False)
+        await ctx.end()
+        return await ctx.collect()
+
+
 class Microphone(MediaStreamTrack):
     """A microphone that plays queued 16 kHz PCM in real time, silence otherwise."""
 
@@ -292,6 +314,34 @@ class LossyUplink:
             await send(data)
 
         transport._send_rtp = lossy
+
+
+VOICED = 0.01  # RMS of a voiced 20 ms frame of what a caller hears
+QUIET_S = 0.3  # this long with no voiced frame: quiet (longer than the dips between words)
+
+
+def silenced_at(heard: list[tuple[float, float]], since: float) -> float:
+    """The last voiced 20 ms before the first ``QUIET_S`` of quiet (``since`` when none was voiced)."""
+    last_voiced = since
+    for t, rms in heard:
+        if t - last_voiced >= QUIET_S:
+            return last_voiced
+        if rms > VOICED:
+            last_voiced = t
+    return last_voiced
+
+
+def voiced_runs(heard: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(start, end) of each stretch of voiced audio, split at ``QUIET_S`` of quiet."""
+    runs: list[tuple[float, float]] = []
+    for t, rms in heard:
+        if rms <= VOICED:
+            continue
+        if runs and t - runs[-1][1] < QUIET_S:
+            runs[-1] = (runs[-1][0], t)
+        else:
+            runs.append((t, t))
+    return runs
 
 
 @dataclass

@@ -19,18 +19,10 @@ import websockets
 from aiohttp import web
 
 from pipelines.local_llm import LocalLLM, build_app
-from tests.pipecat.harness import TwilioCaller, counting_server, free_port, room_server
+from tests.pipecat.harness import TwilioCaller, counting_server, free_port, room_server, speech
 from tts_service.audio import mulaw_decode
-from tts_service.client import TTSClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-async def _mulaw_speech(url: str, text: str) -> bytes:
-    async with TTSClient(url) as client:
-        ctx = await client.open(text=text, sample_rate=8000, encoding="mulaw", pace=False)
-        await ctx.end()
-        return await ctx.collect()
 
 
 def _voiced(ev: dict) -> bool:
@@ -57,7 +49,9 @@ async def test_spoken_question_gets_a_spoken_english_answer(engine) -> None:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         async with counting_server(engine) as tts_server:
-            question = await _mulaw_speech(tts_server.ws_url, "What is the capital of France?")
+            question = await speech(
+                tts_server.ws_url, "What is the capital of France?", sample_rate=8000, encoding="mulaw"
+            )
             config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=f"http://127.0.0.1:{port}/v1", greeting=None)
             async with room_server(config) as (base, _agents):
                 async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:

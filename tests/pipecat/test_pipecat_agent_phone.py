@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.pipecat.harness import counting_server, fake_llm, room_server
-from tts_service.client import TTSClient
+from tests.pipecat.harness import counting_server, fake_llm, first_time, room_server, speech
 
 QUESTION = "What is the capital of France?"
 BARGE_IN = "Wait, stop. I would rather take the train, please."
@@ -33,21 +32,14 @@ def _mulaw_rms(payload: bytes) -> float:
     return audioop.rms(audioop.ulaw2lin(payload, 2), 2) / 32768.0
 
 
-async def _speech(url: str, text: str) -> bytes:
-    async with TTSClient(url) as client:
-        ctx = await client.open(text=text, sample_rate=8000, encoding="mulaw", pace=False)
-        await ctx.end()
-        return await ctx.collect()
-
-
 @pytest.mark.slow
 async def test_phone_call_answers_and_clears_on_barge_in(engine):
     from pipelines.pipecat_agent import AgentConfig
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
-        question = await _speech(tts_server.ws_url, QUESTION)
-        barge_in = await _speech(tts_server.ws_url, BARGE_IN)
+        question = await speech(tts_server.ws_url, QUESTION, sample_rate=8000, encoding="mulaw")
+        barge_in = await speech(tts_server.ws_url, BARGE_IN, sample_rate=8000, encoding="mulaw")
         config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", greeting=None)
         async with room_server(config) as (base, agents):
             url = base.replace("http://", "ws://") + "/ws"
@@ -93,13 +85,9 @@ async def test_phone_call_answers_and_clears_on_barge_in(engine):
                         events.append((time.monotonic(), json.loads(raw)))
 
                 async def until(pred, timeout: float, what: str) -> float:
-                    deadline = time.monotonic() + timeout
-                    while time.monotonic() < deadline:
-                        for t, ev in events:
-                            if pred(t, ev):
-                                return t
-                        await asyncio.sleep(0.02)
-                    raise AssertionError(f"timed out waiting for {what}; events: {[e['event'] for _, e in events]}")
+                    return await first_time(
+                        events, pred, timeout, lambda: f"{what}; events: {[e['event'] for _, e in events]}"
+                    )
 
                 def voiced(t: float, ev: dict) -> bool:
                     return ev["event"] == "media" and _mulaw_rms(base64.b64decode(ev["media"]["payload"])) > 0.01

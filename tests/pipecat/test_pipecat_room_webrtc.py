@@ -15,8 +15,18 @@ import aiohttp
 import pytest
 
 from agent.webrtc_uplink import PATIENCE, AudioReorderBuffer
-from tests.pipecat.harness import RATE, counting_server, fake_llm, room_server, webrtc_call
-from tts_service.client import TTSClient
+from tests.pipecat.harness import (
+    RATE,
+    VOICED,
+    counting_server,
+    fake_llm,
+    first_time,
+    room_server,
+    silenced_at,
+    speech,
+    voiced_runs,
+    webrtc_call,
+)
 
 BARGE_IN = "Wait, stop. I would rather take the train, please."
 
@@ -28,10 +38,7 @@ async def test_browser_hears_the_greeting_and_silences_it_by_talking(engine, los
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     async with counting_server(engine) as tts_server, fake_llm() as (llm_url, requests):
-        async with TTSClient(tts_server.ws_url) as client:
-            ctx = await client.open(text=BARGE_IN, sample_rate=RATE, pace=False)
-            await ctx.end()
-            barge_in = await ctx.collect()
+        barge_in = await speech(tts_server.ws_url, BARGE_IN)
         config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake")
         async with room_server(config) as (base, agents), aiohttp.ClientSession() as http:
             async with http.get(f"{base}/client/") as page:
@@ -39,16 +46,7 @@ async def test_browser_hears_the_greeting_and_silences_it_by_talking(engine, los
             async with webrtc_call(http, base, loss_every=loss_every) as call:
                 heard, mic, uplink = call.heard, call.mic, call.uplink  # heard: every 20 ms the browser received
 
-                async def first(pred, timeout: float, what: str) -> float:
-                    deadline = time.monotonic() + timeout
-                    while time.monotonic() < deadline:
-                        for t, rms in heard:
-                            if pred(t, rms):
-                                return t
-                        await asyncio.sleep(0.02)
-                    raise AssertionError(f"timed out waiting for {what}")
-
-                greeting_at = await first(lambda t, rms: rms > 0.01, 30, "the greeting")
+                greeting_at = await first_time(heard, lambda t, rms: rms > VOICED, 30, "the greeting")
                 await asyncio.sleep(1.2)  # the greeting is ~5 s long: talk over it
                 barge_at = time.monotonic()
                 mic.say(barge_in)
@@ -58,17 +56,17 @@ async def test_browser_hears_the_greeting_and_silences_it_by_talking(engine, los
                 buffers = _live_reorder_buffers()
 
     # the greeting was heard, and it stopped while the user was still talking
-    voiced_before = [t for t, rms in heard if greeting_at <= t < barge_at and rms > 0.01]
+    voiced_before = [t for t, rms in heard if greeting_at <= t < barge_at and rms > VOICED]
     assert len(voiced_before) > 20, "less than 0.4 s of greeting audio"
-    silenced_at = _silenced_at([(t, rms) for t, rms in heard if t >= barge_at], barge_at)
-    assert silenced_at - barge_at < 2.0, f"the agent kept talking {silenced_at - barge_at:.2f} s into the barge-in"
+    went_quiet = silenced_at([(t, rms) for t, rms in heard if t >= barge_at], barge_at)
+    assert went_quiet - barge_at < 2.0, f"the agent kept talking {went_quiet - barge_at:.2f} s into the barge-in"
     # The barge-in has pauses ("Wait, stop. I would rather ..."), so the agent may take a turn and
     # answer within one. Audio heard before it asked the LLM again can only be the stale greeting;
     # an answer that started in a pause yields when the caller goes on.
-    next_turn = min((r["_received_at"] for r in requests if r["_received_at"] > silenced_at), default=spoken_end)
-    stale = [round(t - barge_at, 2) for t, rms in heard if silenced_at < t < min(next_turn, spoken_end) and rms > 0.01]
+    next_turn = min((r["_received_at"] for r in requests if r["_received_at"] > went_quiet), default=spoken_end)
+    stale = [round(t - barge_at, 2) for t, rms in heard if went_quiet < t < min(next_turn, spoken_end) and rms > VOICED]
     assert stale == [], f"the greeting came back after it was silenced, at {stale} s into the barge-in"
-    answers = _voiced_runs([(t, rms) for t, rms in heard if next_turn <= t < spoken_end])
+    answers = voiced_runs([(t, rms) for t, rms in heard if next_turn <= t < spoken_end])
     assert all(end - start < 1.0 for start, end in answers), f"an answer talked over the caller: {answers}"
     assert uplink.dropped >= (5 if loss_every else 0), uplink.dropped
     if loss_every:  # it gave the lost packets up and did not fall behind (aiortc's holds ~15 from the first)
@@ -76,7 +74,7 @@ async def test_browser_hears_the_greeting_and_silences_it_by_talking(engine, los
         assert any(given_up >= 5 and waiting <= PATIENCE for given_up, waiting in seen), seen
     tts = agents[0].tts
     assert tts.stats.cancels >= 1 and tts.stats.cancel_acks >= 1 and tts.stats.connections == 1
-    print(f"browser: agent silent {silenced_at - barge_at:.2f} s after the user started talking (VAD included)")
+    print(f"browser: agent silent {went_quiet - barge_at:.2f} s after the user started talking (VAD included)")
 
 
 def _live_reorder_buffers() -> list[AudioReorderBuffer]:
@@ -88,30 +86,3 @@ def _live_reorder_buffers() -> list[AudioReorderBuffer]:
         except ReferenceError:  # a dead weak proxy
             continue
     return found
-
-
-QUIET_S = 0.3  # longer than the dips between the greeting's words
-
-
-def _silenced_at(heard: list[tuple[float, float]], since: float) -> float:
-    """The last voiced 20 ms before the first ``QUIET_S`` of quiet (``since`` when none was voiced)."""
-    last_voiced = since
-    for t, rms in heard:
-        if t - last_voiced >= QUIET_S:
-            return last_voiced
-        if rms > 0.01:
-            last_voiced = t
-    return last_voiced
-
-
-def _voiced_runs(heard: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(start, end) of each stretch of voiced audio, split at ``QUIET_S`` of quiet."""
-    runs: list[tuple[float, float]] = []
-    for t, rms in heard:
-        if rms <= 0.01:
-            continue
-        if runs and t - runs[-1][1] < QUIET_S:
-            runs[-1] = (runs[-1][0], t)
-        else:
-            runs.append((t, t))
-    return runs
