@@ -92,7 +92,7 @@ from livekit.agents import (
 from livekit.agents.utils import AudioBuffer
 
 from agent.livekit import DEFAULT_URL, StreamvoxTTS
-from pipelines.persona import greeting, llm_temperature, system_prompt
+from pipelines.persona import env_number, greeting, llm_temperature, system_prompt
 
 log = logging.getLogger("streamvox.livekit_agent")
 
@@ -105,16 +105,7 @@ SECONDS_SETTINGS = ("MIN_INTERRUPTION_DURATION", "FALSE_INTERRUPTION_TIMEOUT", "
 
 def _env_float(name: str, default: float) -> float:
     """A duration in seconds from the environment; ValueError with a one-line reason if it is not one."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0.0:
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
-    return value
+    return env_number(name, default, low=0.0, what="a number of seconds >= 0")  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- STT

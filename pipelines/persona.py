@@ -1,11 +1,13 @@
 """What the assembled agents say and how they are told to speak, shared by the Pipecat and LiveKit agents.
 
 Kept free of either framework so the LiveKit worker does not import Pipecat (and back). Both read
-the same environment variables, so a prompt set for one agent means the same for the other.
+the same environment variables, so a prompt set for one agent means the same for the other, and
+their number settings go through one rule (:func:`env_number`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -33,13 +35,27 @@ def llm_temperature(env: Mapping[str, str] = os.environ) -> float | None:
 
     Raises ValueError with a one-line reason for anything but a number within [0, 2].
     """
-    raw = env.get("LLM_TEMPERATURE", "").strip()
+    return env_number("LLM_TEMPERATURE", None, low=0.0, high=2.0, what="a number within [0, 2]", env=env)
+
+
+def env_number(
+    name: str,
+    default: float | None,
+    *,
+    low: float,
+    high: float = math.inf,
+    what: str,
+    env: Mapping[str, str] = os.environ,
+) -> float | None:
+    """A number setting from the environment (``default`` when unset or empty); anything else than
+    a number within [``low``, ``high``] raises ValueError: "NAME must be <what>, got '<value>'"."""
+    raw = env.get(name, "").strip()
     if not raw:
-        return None
+        return default
     try:
         value = float(raw)
     except ValueError:
-        value = float("nan")
-    if not 0.0 <= value <= 2.0:
-        raise ValueError(f"LLM_TEMPERATURE must be a number within [0, 2], got {raw!r}")
+        value = math.nan
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {what}, got {raw!r}")
     return value
