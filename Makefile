@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-tts test lint venv serve clean browser-deps haproxy-deps
+.PHONY: demo demo-tts test lint venv serve clean browser-deps haproxy-deps audio-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,7 +43,15 @@ haproxy-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } || \
 	  echo "make test: haproxy not installed; the HAProxy checks in tests/deploy will skip" >&2
 
-test: $(STAMP) browser-deps haproxy-deps
+# The caller corpus (support/callers.py) speaks with espeak-ng voices: installed here when missing
+# and root (CI), otherwise a clear message (the corpus tests skip, saying so).
+audio-deps:
+	@command -v espeak-ng >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  echo "installing espeak-ng for the caller corpus (apt-get) ..." && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng; } || \
+	  echo "make test: espeak-ng not installed; the caller-corpus tests will skip" >&2
+
+test: $(STAMP) browser-deps haproxy-deps audio-deps
 	$(PY) -m ruff check .
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
