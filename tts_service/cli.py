@@ -62,6 +62,19 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
         "'overloaded' (default 0.85; above 1 overcommits, for tests on a busy machine)",
     )
     p.add_argument("--max-contexts", type=int, default=16, help="live contexts per connection")
+    p.add_argument(
+        "--voice-map",
+        default=os.environ.get("STREAMVOX_VOICE_MAP"),
+        metavar="MAP",
+        help="the compatible APIs' voice ids -> our voices: a JSON file, or id=voice,id2=voice "
+        "(default: $STREAMVOX_VOICE_MAP; OpenAI's names mean the default voice)",
+    )
+    p.add_argument(
+        "--strict-voices",
+        action="store_true",
+        default=os.environ.get("STREAMVOX_STRICT_VOICES", "") not in ("", "0"),
+        help="refuse voice ids the map does not know (default: the default voice, one warning per id)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--engine",
@@ -162,6 +175,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from .compat.voices import VoiceMapError, parse_voice_map
     from .piper.runtime import Synthesizer
     from .piper.scheduler import SchedulerOptions
     from .server import Server, ServerConfig, run
@@ -169,6 +183,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         raise CliError("--drain-timeout must be >= 0 seconds")
     api_key = _api_key(args)
+    try:
+        voice_map = parse_voice_map(args.voice_map, strict=args.strict_voices)
+    except VoiceMapError as exc:
+        raise CliError(f"--voice-map: {exc}") from None
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.engine == "orpheus":
@@ -189,8 +207,12 @@ def serve(args: argparse.Namespace) -> int:
         api_key=api_key,
         limits=P.Limits(max_contexts=args.max_contexts),
         drain_timeout_s=args.drain_timeout,
+        voice_map=voice_map,
     )
-    server = Server(synth, config)
+    try:
+        server = Server(synth, config)
+    except VoiceMapError as exc:
+        raise CliError(f"--voice-map: {exc}") from None
     url = f"ws://{args.host}:{args.port}{P.WS_PATH}"
     print(
         f"streamvox serving {sorted(engine.voices)} at {url} (HTTP: http://{args.host}:{args.port}{P.HTTP_TTS_PATH})",

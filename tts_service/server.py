@@ -13,6 +13,7 @@ gets its drain phase and no client mistakes a cut-off for a finished utterance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import signal
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from aiohttp import WSMsgType, web
 
+from . import compat
 from . import protocol as P
 from .audio import StreamEncoder, wav_header
 from .core.runtime import SynthesizerBase
@@ -44,6 +46,7 @@ class ServerConfig:
     api_key: str | None = None
     limits: Limits = field(default_factory=Limits)
     drain_timeout_s: float = 30.0  # how long live contexts may take to finish after SIGTERM
+    voice_map: compat.VoiceMap = field(default_factory=compat.VoiceMap)  # the compatible APIs' voice names
 
 
 # ---------------------------------------------------------------- HTTP
@@ -112,6 +115,7 @@ class Server:
                 web.get("/metrics", self.metrics),
             ]
         )
+        compat.register(self, self.app, self.config.voice_map)
         self.app.on_startup.append(self._on_startup)
         self.app.on_shutdown.append(self._on_shutdown)
         self._connections: set[Connection] = set()
@@ -150,12 +154,12 @@ class Server:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         key = self.config.api_key
-        if key and request.path.startswith("/v1/"):
+        if key and request.path.startswith(compat.GUARDED_PREFIXES):
             given = _bearer(request.headers.get("Authorization", ""))
             if given is None:
-                given = request.query.get("token", "")
+                given = compat.api_key_of(request) or request.query.get("token", "")
             if not hmac.compare_digest(given.encode(), key.encode()):
-                return _http_error(
+                return compat.unauthorized(request) or _http_error(
                     401,
                     ErrorCode.UNAUTHORIZED,
                     "missing or wrong API key: send 'Authorization: Bearer KEY' or ?token=KEY",
@@ -252,13 +256,10 @@ class Server:
         ws = _WebSocket(heartbeat=30.0, cap=self.config.limits.message_cap())
         await ws.prepare(request)
         conn = Connection(ws, self.synth, self.config.limits, transport=request.transport)
-        self._connections.add(conn)
-        self.synth.metrics.connections.set(len(self._connections))
         engine = self.synth.engine
         conn.send(P.ready(engine.sample_rate, sorted(engine.voices), self.config.limits.max_contexts))
-        writer = asyncio.create_task(conn.writer())
         handled = 0
-        try:
+        async with self.attached(conn):
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
                     try:
@@ -282,6 +283,17 @@ class Server:
                     # a burst already in the read buffer is handled without suspending: let the
                     # writer send the replies (and other connections run) between slices of it
                     await asyncio.sleep(0)
+        return ws
+
+    @contextlib.asynccontextmanager
+    async def attached(self, conn: Connection):
+        """Count ``conn`` among the server's connections (drain notice, cut-off, close) and run its
+        writer; on exit close it. ``/v1/stream`` and the compatible endpoints' connections alike."""
+        self._connections.add(conn)
+        self.synth.metrics.connections.set(len(self._connections))
+        writer = asyncio.create_task(conn.writer())
+        try:
+            yield conn
         finally:
             conn.close()
             self._connections.discard(conn)
@@ -289,7 +301,6 @@ class Server:
             await conn.wait_closed()  # before the writer is cancelled (see wait_closed)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
-        return ws
 
     # -- HTTP one-shot
     async def http_tts(self, request: web.Request) -> web.StreamResponse:
