@@ -12,6 +12,14 @@ replies (to the barge-in, to the question). Printed and written as JSON:
 
     .venv/bin/python scripts/browser_scenario.py --runs 5 --json out/browser_scenario.json
 
+With ``--echo-db`` the page sends the microphone plus the agent's own voice, as a loudspeaker in a
+small room gives it back (``tests/browser/echo_path.js``: ``--echo-delay-ms`` later, drifting
+``--echo-drift`` ms/s, after the browser's own processing), each level its own set of sessions,
+cut at ``--session-s``; each session counts its **self-interruptions** (the agent stopping or
+answering with the caller's file silent, ``Session.self_interruptions``)::
+
+    .venv/bin/python scripts/browser_scenario.py --runs 3 --echo-db=-6,0 --echo-delay-ms 200
+
 ``LLM_BASE_URL`` / ``TTS_URL`` in the environment are passed to the demo (a real LLM, a remote
 TTS server), as with ``make demo``. ``--lead-s`` and ``--greeting`` move the barge-in later into a
 longer greeting (the echo-cancellation comparison in docs/BENCHMARKS.md)::
@@ -26,6 +34,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.browser.harness
@@ -59,8 +68,20 @@ def summarise(sessions: list[dict]) -> dict:
     files = [s["from_file"] for s in sessions]
     file_v2v = [f[k] for f in files for k in ("barge_in_reply_v2v_ms", "answer_v2v_ms") if f[k] is not None]
     answers = [s["answer"] for s in sessions if s["answer"]]
+    selfs = [s["self_interruptions"] for s in sessions if s.get("self_interruptions")]
     return {
         "sessions": len(sessions),
+        "echo": sessions[0].get("echo_path") if sessions else None,
+        "self_interruptions": {
+            "per_run": [x["count"] for x in selfs],
+            "total": sum(x["count"] for x in selfs),
+            "stops": sum(len(x["stops"]) for x in selfs),
+            "answers": sum(len(x["answers"]) for x in selfs),
+            "session_s": [x["session_s"] for x in selfs],
+            "per_30_s": rnd(
+                median([30 * x["count"] / x["session_s"] for x in selfs if x["session_s"]]) if selfs else None
+            ),
+        },
         "voice_to_voice_ms": _stats([t["v2v_ms"] for t in turns]),
         # the reply to the question alone (the other reply answers speech that trails off, "..., please.")
         "answer_voice_to_voice_ms": _stats([a["v2v_ms"] for a in answers]),
@@ -84,6 +105,13 @@ def _line(name: str, st: dict) -> str:
 
 
 def report(mode: str, s: dict) -> str:
+    si = s.get("self_interruptions") or {}
+    selfs = (
+        f"  self-interruptions (caller silent): {si['total']} in all ({si['stops']} stops,"
+        f" {si['answers']} answers); per run {si['per_run']} over {si['session_s']} s; median per 30 s {si['per_30_s']}"
+        if si
+        else "  self-interruptions: not counted in this run"
+    )
     stages = ", ".join(f"{k} {v}" for k, v in s["voice_to_voice_server_stages_ms"].items())
     bstages = ", ".join(f"{k} {v}" for k, v in s["barge_in_server_stages_ms"].items())
     return "\n".join(
@@ -91,6 +119,7 @@ def report(mode: str, s: dict) -> str:
             f"{mode}: {s['sessions']} sessions; at the page {s['barge_ins_missed']} without a barge-in measured,"
             f" {s['barge_ins_kept_talking']} where the agent kept talking,"
             f" {s.get('barge_ins_in_a_pause', 0)} with the onset in the agent's pause (not in the medians)",
+            selfs,
             _line("voice-to-voice at page", s["voice_to_voice_ms"]),
             f"    server stages (median ms after the caller's speech end): {stages}",
             _line("  of which the question's", s["answer_voice_to_voice_ms"]),
@@ -106,6 +135,24 @@ def report(mode: str, s: dict) -> str:
     )
 
 
+def _echo(level: str, args: argparse.Namespace) -> H.EchoPath | None:
+    """One ``--echo-db`` level (``none``: no echo) with the other echo flags."""
+    level = level.strip()
+    if level.lower() == "none":
+        return None
+    try:
+        db = float(level)
+    except ValueError:
+        raise ValueError(f"{level!r} is not a level in dB (nor 'none')") from None
+    return H.EchoPath(
+        db=db,
+        delay_ms=args.echo_delay_ms,
+        drift_ms_per_s=args.echo_drift,
+        room_seed=args.room_seed,
+        rt60_s=args.room_rt60,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="sessions per mode (default 5)")
@@ -117,6 +164,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--greeting", help="the agent's greeting (AGENT_GREETING; default: the demo's)")
     parser.add_argument("--summarise", type=Path, metavar="JSON", help="only print the summary of an earlier run")
+    echo = parser.add_argument_group("echo path (the agent's voice back into the microphone)")
+    echo.add_argument(
+        "--echo-db",
+        default="none",
+        help="echo levels against the agent's track, comma-separated dB, 'none' for no echo; each its own"
+        " sessions (e.g. --echo-db=none,-6,0; default none)",
+    )
+    echo.add_argument("--echo-delay-ms", type=float, default=200.0, help="the echo's delay (default 200)")
+    echo.add_argument("--echo-drift", type=float, default=0.0, help="the delay's drift, ms per second (default 0)")
+    echo.add_argument("--room-seed", type=int, default=1, help="the synthetic room's seed (default 1)")
+    echo.add_argument("--room-rt60", type=float, default=0.3, help="the room's RT60, seconds (default 0.3)")
+    echo.add_argument(
+        "--session-s",
+        type=float,
+        help=f"cut each session here (mic time); default {H.ECHO_SESSION_S:g} s with an echo, else at the answer",
+    )
     args = parser.parse_args(argv)
     if args.summarise:
         saved = json.loads(args.summarise.read_text())["sessions"]
@@ -131,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--lead-s takes 0.5 to 60 seconds")
     if args.greeting is not None and not args.greeting.strip():
         parser.error("--greeting takes a text (leave it out for the demo's own)")
+    try:
+        echoes = [_echo(level, args) for level in args.echo_db.split(",") if level.strip()]
+    except ValueError as exc:
+        parser.error(f"--echo-db / --echo-delay-ms / --echo-drift / --room-*: {exc}")
+    if not echoes:
+        parser.error("--echo-db takes levels in dB and/or 'none'")
+    if args.session_s is not None and not 5 <= args.session_s <= 300:
+        parser.error("--session-s takes 5 to 300 seconds")
     paths = H.chromium_paths()
     if isinstance(paths, str):
         print(f"browser_scenario: {paths}", file=sys.stderr)
@@ -141,18 +212,26 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     env = dict(os.environ, AGENT_GREETING=args.greeting) if args.greeting else None
     with H.Demo(env=env, verbose=args.verbose) as demo:
-        for mode in modes:
-            raw[mode] = []
+        for mode, echo in ((m, e) for m in modes for e in echoes):
+            name = mode if echo is None else f"{mode}, {echo.describe()}"
+            session_s = args.session_s if args.session_s is not None or echo is None else H.ECHO_SESSION_S
+            raw[name] = []
             for i in range(args.runs):
                 s = H.run_session(
-                    demo.base, plan, headphones=mode == "headphones", browser=paths[0], driver_path=paths[1]
+                    demo.base,
+                    plan,
+                    headphones=mode == "headphones",
+                    browser=paths[0],
+                    driver_path=paths[1],
+                    echo=echo,
+                    session_s=session_s,
                 )
                 if s.page.get("state") != "connected":
-                    print(f"{mode} run {i + 1}: the page failed: {s.page.get('error')}", file=sys.stderr)
+                    print(f"{name} run {i + 1}: the page failed: {s.page.get('error')}", file=sys.stderr)
                     continue
-                raw[mode].append(s.figures())
-                print(f"{mode} run {i + 1}/{args.runs}: {json.dumps(raw[mode][-1], default=str)}", flush=True)
-            results[mode] = summarise(raw[mode])
+                raw[name].append(dict(s.figures(), echo_path=echo and asdict(echo), transcript=s.page["transcript"]))
+                print(f"{name} run {i + 1}/{args.runs}: {json.dumps(raw[name][-1], default=str)}", flush=True)
+            results[name] = summarise(raw[name])
     print(f"\n{sum(len(v) for v in raw.values())} sessions in {time.monotonic() - t0:.0f} s\n")
     for mode, s in results.items():
         print(report(mode, s) + "\n")

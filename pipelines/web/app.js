@@ -30,6 +30,7 @@ const ui = {
   connect: $("connect"),
   disconnect: $("disconnect"),
   headphones: $("headphones"),
+  echoMode: $("echo-mode"),
   state: $("state"),
   message: $("message"),
   micBar: $("mic-bar"),
@@ -58,6 +59,7 @@ const svx = {
   botSegments: [], // {start, end}: the agent audible (end null while it still is)
   micSegments: [], // {start, end}: the caller audible
   headphones: false,
+  echoMode: null, // "browser-aec" | "raw-mic": what the last Connect asked for (also sent in /start)
   clock: () => (audio.ctx ? audio.ctx.currentTime : null),
   botAudio, // (from, to) -> base64 of 16 kHz s16le mono: what the agent's track carried
   // everything above as plain JSON (records hold their table row, which is not data)
@@ -88,8 +90,19 @@ const stored = localStorage.getItem("streamvox.headphones");
 ui.headphones.checked = params.has("headphones") ? params.get("headphones") === "1" : stored === "1";
 ui.headphones.addEventListener("change", () => {
   localStorage.setItem("streamvox.headphones", ui.headphones.checked ? "1" : "0");
+  showEchoMode();
   if (conn.pc) info("The headphones setting applies from the next Connect.");
 });
+
+// Which echo mode the page is in: the browser cancels echo before sending, or it sends the raw
+// microphone and leaves the echo to the agent.
+const echoModeOf = (headphones) => (headphones ? "raw-mic" : "browser-aec");
+function showEchoMode() {
+  const mode = conn.pc && svx.echoMode ? svx.echoMode : echoModeOf(ui.headphones.checked);
+  ui.echoMode.textContent = mode === "raw-mic" ? "echo: raw microphone, the agent cancels" : "echo: the browser's echo cancellation is on";
+  ui.echoMode.dataset.mode = mode;
+}
+showEchoMode();
 
 // ---------------------------------------------------------------- state and messages
 function setState(state, text) {
@@ -128,6 +141,7 @@ async function connect() {
   ui.connect.disabled = true;
   ui.disconnect.disabled = false;
   svx.headphones = ui.headphones.checked;
+  svx.echoMode = echoModeOf(svx.headphones);
   setState("working", "asking for the microphone…");
   const processing = !svx.headphones; // the browser's echo cancellation and its companions
   if (!window.isSecureContext || !navigator.mediaDevices) {
@@ -157,7 +171,7 @@ async function connect() {
     const r = await fetch("/start", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ createDailyRoom: false, transport: "webrtc" }),
+      body: JSON.stringify({ createDailyRoom: false, transport: "webrtc", body: { echo_mode: svx.echoMode } }),
     });
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     sessionId = (await r.json()).sessionId;
@@ -167,6 +181,7 @@ async function connect() {
 
   const pc = new RTCPeerConnection({ iceServers: [] }); // same host or LAN: no STUN server to ask
   conn.pc = pc;
+  showEchoMode();
   pc.addTransceiver(stream.getAudioTracks()[0], { direction: "sendrecv" });
   // SmallWebRTC's layout: camera video second, screen video third (both stay empty here)
   pc.addTransceiver("video", { direction: "sendrecv" });
@@ -282,6 +297,7 @@ function teardown() {
   }
   if (conn.stream) conn.stream.getTracks().forEach((t) => t.stop());
   conn.pc = conn.dc = conn.stream = null;
+  showEchoMode();
   ui.connect.disabled = false;
   ui.disconnect.disabled = true;
 }

@@ -8,6 +8,10 @@ drives it and reads ``window.streamvox``.
 The microphone file, on the timeline that starts when the page's ``getUserMedia`` resolves:
 ``LEAD_S`` of silence (the greeting starts meanwhile), ``BARGE_IN`` spoken over the greeting,
 ``GAP_S`` of silence (the agent answers the barge-in), the ``QUESTION``, then silence.
+
+An optional echo path (:class:`EchoPath`, ``echo_path.js``) adds the agent's own voice back into
+what the page sends, as a loudspeaker in a small room would, and :meth:`Session.self_interruptions`
+counts what the agent then does with the caller silent.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,6 +46,7 @@ MIC_RATE = 48000
 # Words of the greeting that come after the point where the caller talks over it: none of
 # them may be heard after the barge-in.
 GREETING_TAIL_WORDS = ("streamvox", "demo agent", "feel free", "interrupt me")
+ECHO_SESSION_S = 30.0  # a session with the echo on is cut here: an agent talking to itself may never stop
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,11 @@ class MicPlan:
     path: Path
     barge_in: tuple[float, float]
     question: tuple[float, float]
+
+    @property
+    def speech(self) -> list[tuple[float, float]]:
+        """The caller's speech in the file; it is silent everywhere else."""
+        return [self.barge_in, self.question]
 
 
 def make_mic_wav(path: Path, lead_s: float = LEAD_S) -> MicPlan:
@@ -113,6 +124,52 @@ def _write_wav(path: Path, audio: np.ndarray) -> None:
         w.writeframes((audio * 32767).astype("<i2").tobytes())
 
 
+# ---------------------------------------------------------------- the echo path
+
+ECHO_JS = Path(__file__).with_name("echo_path.js")
+
+
+@dataclass(frozen=True)
+class EchoPath:
+    """The agent's voice back into the microphone, as a loudspeaker in a small room gives it
+    (``echo_path.js``): ``delay_ms`` later (drifting ``drift_ms_per_s``), through a synthetic room
+    (exponentially decaying noise, seed ``room_seed``, falling 60 dB in ``rt60_s``), ``db`` against
+    the agent's track, added after the browser's own processing of the microphone."""
+
+    db: float = -6.0
+    delay_ms: float = 200.0
+    drift_ms_per_s: float = 0.0
+    room_seed: int = 1
+    rt60_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        checks = (
+            (-60.0 <= self.db <= 12.0, f"echo level {self.db} dB: give -60 to 12 dB"),
+            (0.0 <= self.delay_ms <= 5000.0, f"echo delay {self.delay_ms} ms: give 0 to 5000 ms"),
+            (abs(self.drift_ms_per_s) <= 20.0, f"echo drift {self.drift_ms_per_s} ms/s: give -20 to 20 ms/s"),
+            (0.05 <= self.rt60_s <= 2.0, f"room RT60 {self.rt60_s} s: give 0.05 to 2 s"),
+            (0 <= self.room_seed < 2**32, f"room seed {self.room_seed}: give 0 to 2**32 - 1"),
+        )
+        bad = [why for ok, why in checks if not ok]
+        if bad:
+            raise ValueError("; ".join(bad))
+
+    def script(self) -> str:
+        """The JS to install before the page's own: the options, then ``echo_path.js``."""
+        opts = {
+            "delayMs": self.delay_ms,
+            "db": self.db,
+            "driftMsPerS": self.drift_ms_per_s,
+            "roomSeed": self.room_seed,
+            "rt60S": self.rt60_s,
+        }
+        return f"window.__streamvoxEchoOptions = {json.dumps(opts)};\n{ECHO_JS.read_text()}"
+
+    def describe(self) -> str:
+        drift = f", drifting {self.drift_ms_per_s:+g} ms/s" if self.drift_ms_per_s else ""
+        return f"echo {self.db:g} dB, {self.delay_ms:g} ms{drift}, room RT60 {self.rt60_s:g} s (seed {self.room_seed})"
+
+
 # ---------------------------------------------------------------- chromium
 
 
@@ -125,8 +182,11 @@ def chromium_paths() -> tuple[str, str] | str:
     return browser, driver
 
 
-def open_browser(mic_wav: Path | None, *, browser: str, driver: str, deny_microphone: bool = False):
-    """Headless Chromium whose microphone plays ``mic_wav`` once (or which refuses the microphone)."""
+def open_browser(
+    mic_wav: Path | None, *, browser: str, driver: str, deny_microphone: bool = False, echo: EchoPath | None = None
+):
+    """Headless Chromium whose microphone plays ``mic_wav`` once (or which refuses the microphone);
+    with ``echo``, every page it opens sends the microphone plus the agent's echo."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -156,7 +216,14 @@ def open_browser(mic_wav: Path | None, *, browser: str, driver: str, deny_microp
     if mic_wav is not None:
         opts.add_argument(f"--use-file-for-fake-audio-capture={mic_wav}%noloop")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    return webdriver.Chrome(options=opts, service=Service(executable_path=driver))
+    chrome = webdriver.Chrome(options=opts, service=Service(executable_path=driver))
+    if echo is not None:
+        try:
+            chrome.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": echo.script()})
+        except Exception:
+            chrome.quit()
+            raise
+    return chrome
 
 
 # ---------------------------------------------------------------- the demo agent
@@ -226,6 +293,9 @@ class Session:
     console_errors: list[str] = field(default_factory=list)
     screenshots: list[Path] = field(default_factory=list)
     audio: dict[str, Any] = field(default_factory=dict)  # name -> (start, 16 kHz float32 pcm)
+    echo: dict[str, Any] | None = None  # window.streamvoxEcho: what the echo path did (with one)
+    until_s: float | None = None  # the session was cut here (mic time); None: it ended on its own
+    ended_s: float | None = None  # the last look at the page (mic time)
 
     # -- the page's timeline, in seconds from the microphone file's start
     def mic_t(self, t_page: float) -> float:
@@ -277,10 +347,50 @@ class Session:
             "answer_v2v_ms": after(self.plan.question[1]),
         }
 
+    def self_interruptions(self) -> dict[str, Any]:
+        """What the agent did with the caller's file silent: it stopped (an RTVI ``bot-interrupted``
+        while it was speaking) or it answered (a final user transcript, which starts an LLM request).
+
+        Attributed to the caller instead: a stop that arrives from the onset of the caller's speech to
+        ``STOP_AFTER_S`` after its end (the VAD needs a moment); a transcript up to ``ANSWER_AFTER_S``
+        after its end (Whisper runs late on a loaded machine) whose words are mostly the caller's line,
+        and not more the agent's own words (its echo, heard in that time, is those). Counted up to
+        ``until_s`` when the session was cut there.
+        """
+        end = self.until_s if self.until_s is not None else float("inf")
+        windows = [(self.page_t(a), self.page_t(b), line) for (a, b), line in zip(self.plan.speech, CALLER_LINES)]
+        agents = {w for x in self.page.get("transcript") or [] if x["who"] == "agent" for w in words(x["text"])}
+        stops, answers, callers = [], [], 0
+        speaking = False
+        for m in self.page.get("rtvi") or []:
+            if m["type"] in ("bot-started-speaking", "bot-stopped-speaking"):
+                speaking = m["type"] == "bot-started-speaking"
+            elif m["type"] == "bot-interrupted" and speaking and self.mic_t(m["t"]) <= end:
+                if not any(a - 0.1 <= m["t"] <= b + STOP_AFTER_S for a, b, _ in windows):
+                    stops.append(round(self.mic_t(m["t"]), 2))
+        for x in self.page.get("transcript") or []:
+            if x["who"] != "you" or self.mic_t(x["t"]) > end:
+                continue
+            said = words(x["text"]) or [""]
+            echo = _share(said, agents)
+            if any(a <= x["t"] <= b + ANSWER_AFTER_S and 0.5 <= _share(said, line) >= echo for a, b, line in windows):
+                callers += 1
+            else:
+                answers.append({"t": round(self.mic_t(x["t"]), 2), "text": x["text"]})
+        return {
+            "count": len(stops) + len(answers),
+            "stops": stops,  # mic time (s) of each
+            "answers": answers,
+            "caller_transcripts": callers,
+            "session_s": None if self.ended_s is None else round(min(end, self.ended_s), 1),
+        }
+
     def figures(self) -> dict[str, Any]:
         """The numbers of this session (page and server side), JSON-ready."""
         b, a = self.barge_in(), self.answer()
         return {
+            "self_interruptions": self.self_interruptions(),
+            "echo": self.echo,
             "from_file": self.from_file(),
             "headphones": self.page.get("headphones"),
             "barge_in": b and {k: b.get(k) for k in BARGE_IN_KEYS},
@@ -290,6 +400,19 @@ class Session:
 
 
 BARGE_IN_KEYS = ("yield_ms", "silence_ms", "interrupted", "in_pause", "jitter_buffer_ms", "server")
+STOP_AFTER_S = 1.5  # the caller's speech end -> the latest the agent's stop can be the caller's doing
+ANSWER_AFTER_S = 6.0  # ... -> the latest its transcript can arrive (a loaded machine: VAD stop, Whisper)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+CALLER_LINES = (set(words(BARGE_IN)), set(words(QUESTION)))  # in MicPlan.speech order
+
+
+def _share(said: list[str], vocabulary: set[str]) -> float:
+    return sum(w in vocabulary for w in said) / len(said)
 
 
 def _js(driver, expr: str):
@@ -306,13 +429,17 @@ def run_session(
     shots: Path | None = None,
     record_audio: bool = False,
     timeout_s: float = 90.0,
+    echo: EchoPath | None = None,
+    session_s: float | None = None,
 ) -> Session:
     """Open the page, press Connect, let the microphone file play out, collect what happened.
 
     Ends when the answer to the question has been heard and the agent has been silent for 1.5 s
-    (or at ``timeout_s``, the caller then sees what is missing in the assertions).
+    (or at ``timeout_s``, the caller then sees what is missing in the assertions); with
+    ``session_s``, at that time on the microphone's clock instead (an agent that talks to its own
+    echo may never fall silent). ``echo``: the page sends the microphone plus the agent's echo.
     """
-    driver = open_browser(plan.path, browser=browser, driver=driver_path)
+    driver = open_browser(plan.path, browser=browser, driver=driver_path, echo=echo)
     try:
         driver.get(f"{base_url}/?headphones={int(headphones)}")
         driver.find_element("id", "connect").click()
@@ -328,17 +455,22 @@ def run_session(
             now = _js(driver, "window.streamvox.clock()")
             if started is None or now is None:
                 continue
-            t = now - started
+            t = session.ended_s = now - started
+            if session_s is not None and t >= session_s:
+                session.until_s = session_s
+                break
             if shots is not None and "greeting" not in shot_taken and t > plan.barge_in[0] - 0.5:
                 shot_taken.add("greeting")
                 session.screenshots.append(_shot(driver, shots / "1-greeting.png"))
             segs = _js(driver, "window.streamvox.botSegments")
             answered = [s for s in segs if s["start"] - started > plan.question[1]]
-            if answered and answered[-1]["end"] is not None and now - answered[-1]["end"] > 1.5:
+            if session_s is None and answered and answered[-1]["end"] is not None and now - answered[-1]["end"] > 1.5:
                 break
         if shots is not None:
             session.screenshots.append(_shot(driver, shots / "2-answered.png"))
         session.page = _js(driver, "window.streamvox.snapshot()")
+        if echo is not None:
+            session.echo = _js(driver, "window.streamvoxEcho && JSON.parse(JSON.stringify(window.streamvoxEcho))")
         if record_audio and session.page.get("micStartedAt") is not None:
             session.audio = _recordings(driver, session)
         for entry in driver.get_log("performance"):
