@@ -117,3 +117,29 @@ async def test_openai_service_speaks_and_an_interruption_stops_the_request(engin
         await _interrupted(tts, wait_s=1.0)
         # the interrupted sentence's request was dropped by the client: its work stopped on the server
         await eventually(lambda: srv.srv.synth.scheduler.active == 0, timeout=5.0)
+
+
+# ---------------------------------------------------------------- Cartesia
+
+
+def _cancels_acked(srv: Counted) -> int:
+    value = srv.srv.server.synth.metrics.registry.get_sample_value("streamvox_cancel_ack_seconds_count")
+    return int(value or 0)
+
+
+async def test_cartesia_service_keeps_one_connection_across_an_interruption(engine):
+    from pipecat.services.cartesia.tts import CartesiaTTSService
+
+    async with counted_server(engine) as srv:
+        tts = CartesiaTTSService(
+            api_key="unused",
+            url=srv.ws_base + "/tts/websocket",
+            sample_rate=16000,
+            settings=CartesiaTTSService.Settings(voice="a0e99841-438c-4a64-b679-ae501e7d6091"),  # a Cartesia id
+        )
+        before, after, _ = await _interrupted(tts)
+        assert {f.sample_rate for f in _audio(before + after)} == {16000}
+        assert srv.requests["/tts/websocket"] == 1, "one connection for both replies and the cancel"
+        assert _cancels_acked(srv) == 1, "the interruption cancelled the context on the server"
+        words = [f.text for f in after if type(f).__name__ == "TTSTextFrame"]
+        assert [w.strip(",.").lower() for w in words] == [w.strip(",.").lower() for w in NEXT_REPLY.split()]

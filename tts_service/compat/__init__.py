@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import openai
+from . import cartesia, openai
 from .bridge import Host
 from .voices import VoiceMap
 
@@ -23,6 +23,7 @@ def register(host: Host, app: web.Application, voices: VoiceMap) -> None:
     """Add the compatible routes to ``app``; ``voices`` maps the clients' voice names to ours."""
     voices.check(host.synth.engine.voices)
     app.add_routes(openai.OpenAISpeech(host, voices).routes())
+    app.add_routes(cartesia.Cartesia(host, voices).routes())
 
 
 def api_key_of(request: web.Request) -> str | None:
@@ -38,4 +39,6 @@ def unauthorized(request: web.Request) -> web.Response | None:
     """The refusal in the shape of the API the path belongs to; ``None`` for our own paths."""
     if request.path in (openai.SPEECH_PATH, openai.MODELS_PATH):
         return openai.unauthorized()
+    if request.path == cartesia.WS_PATH:
+        return cartesia.http_error(401, "missing or wrong API key: send it in the X-API-Key header")
     return None
