@@ -1,13 +1,22 @@
 """End of turn: what the VAD stop time and the turn analyzer cost, and how often they end a turn too early.
 
-    .venv/bin/python scripts/end_of_turn.py --json out/end_of_turn.json        # ~1 min
-    .venv/bin/python scripts/end_of_turn.py --stop-secs 0.2 0.5 --no-vad-only
+    .venv/bin/python scripts/end_of_turn.py --json out/end_of_turn.json        # the caller corpus, ~3 min
+    .venv/bin/python scripts/end_of_turn.py --path phone --stop-secs 0.2 0.5   # through the phone line
+    .venv/bin/python scripts/end_of_turn.py --callers piper20                  # issue 11's 20 turns, ~1 min
 
-The caller's speech is made by the bundled Piper voice: 20 turns of a caller talking to an agent,
-each one sentence rendered in one go; in 14 of them pauses of 300-800 ms are inserted at word
-boundaries (Piper's phoneme alignments), some around an "um", as people hesitate mid-sentence;
-the other 6 are spoken in one breath (only the voice's own comma pauses).
-A little microphone noise (-60 dBFS) is added; 4 s of it follow each turn.
+The callers come from the caller corpus (``support/callers.py``, the default): 56 turns by eight
+voices the agent never heard (six espeak-ng voices and variants, two Piper joe variants at other
+length/noise scales), half of them ``mid_thought`` (pauses of 0.3-1.2 s where the caller goes
+on: hesitations, numbers, trailing off and resuming), half ``complete`` (one breath, ending in a
+question, a statement, a one-word answer, a number or a trail-off), with room noise and levels;
+``--path page|phone`` sends them through Opus or 8 kHz μ-law first (``support/lines.py``).
+4 s of the room's noise follow each turn.
+
+``--callers piper20`` keeps issue 11's figures reproducible: the bundled Piper voice at its
+defaults (the agent's own) says 20 turns, each one sentence rendered in one go; in 14 of them
+pauses of 300-800 ms are inserted at word boundaries (Piper's phoneme alignments), some around an
+"um", as people hesitate mid-sentence; the other 6 are spoken in one breath (only the voice's own
+comma pauses). A little microphone noise (-60 dBFS) is added; 4 s of it follow each turn.
 
 Each turn goes, in 20 ms chunks as a transport delivers them, through Pipecat's own pieces as the
 demo agent (``pipelines/pipecat_agent.py``) assembles them:
@@ -17,10 +26,10 @@ demo agent (``pipelines/pipecat_agent.py``) assembles them:
 * the demo's turn analyzer, Pipecat 1.14's default stop strategy:
   ``TurnAnalyzerUserTurnStopStrategy(LocalSmartTurnAnalyzerV3())`` - on each VAD stop the model
   judges the audio so far; "complete" ends the turn, "incomplete" waits for more speech or for
-  its own silence timeout (``SmartTurnParams.stop_secs``, 3 s; ``--smart-timeout`` tries
-  others). The script follows that
-  strategy's logic step by step with the real analyzer (``drive``); the model's inference time,
-  measured here, is added where it delays the decision;
+  its own silence timeout (``SmartTurnParams.stop_secs``: the demo sets 1 s, Pipecat's default is
+  3 s; ``--smart-timeout`` tries others). The script follows that strategy's logic step by step
+  with the real analyzer (``drive``); the model's inference time, measured here, is added where
+  it delays the decision;
 * for comparison, no analyzer: the turn ends at the VAD stop (what a speech-timeout strategy does
   with its timer at 0).
 
@@ -28,8 +37,10 @@ The chunks are fed faster than real time on a simulated clock (the smart-turn bu
 timestamps read it). Figures per configuration: **delay** = end of the caller's speech (last
 sample above -40 dBFS) -> end-of-turn decision, over the turns not ended early; **early** = the
 turn was ended inside one of the caller's pauses, before they finished (the bot would have
-answered half a question). The STT stage (waiting for the transcript, ``wait_for_transcript``)
-comes after this decision and is not in these figures.
+answered half a question). After an early end the turn is followed on (the analyzer cleared, as
+a new turn starts), so every pause that would have been cut is counted: **early cuts** per
+mid-thought pause. The STT stage (waiting for the transcript, ``wait_for_transcript``) comes
+after this decision and is not in these figures.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -82,6 +94,9 @@ class Turn:
     audio: np.ndarray
     speech_end_s: float  # end of the caller's last word
     pauses: list[tuple[float, float]]  # inserted pauses (start, end), s
+    voice: str = "piper-joe (the agent's voice)"
+    label: str = ""  # the corpus's "complete" / "mid_thought"; piper20: by its pauses
+    id: str = ""
 
 
 @dataclass
@@ -90,6 +105,8 @@ class Outcome:
     early: bool
     delay_ms: float | None  # end of speech -> decision, for turns not ended early
     inference_ms: list[float] = field(default_factory=list)
+    cuts: list[float] = field(default_factory=list)  # every decision before the end of speech, s
+    final_delay_ms: float | None = None  # end of speech -> the first decision after it, early or not
 
 
 # ---------------------------------------------------------------- test speech
@@ -171,7 +188,8 @@ async def drive(turn: Turn, stop_secs: float, analyzer, clock: SimClock) -> Outc
     """One turn through Silero VAD (+ the turn analyzer), following
     ``TurnAnalyzerUserTurnStopStrategy``: VAD start -> pending verdict discarded; VAD stop ->
     ``analyze_end_of_turn``; every chunk -> ``append_audio`` (COMPLETE there is the silence
-    timeout). Without an analyzer the VAD stop ends the turn."""
+    timeout). Without an analyzer the VAD stop ends the turn. A decision before the end of speech
+    (an early cut) is recorded and the turn followed on, the analyzer cleared as for a new turn."""
     from pipecat.audio.turn.base_turn_analyzer import EndOfTurnState
     from pipecat.audio.vad.silero import SileroVADAnalyzer
     from pipecat.audio.vad.vad_analyzer import VADParams, VADState
@@ -183,13 +201,14 @@ async def drive(turn: Turn, stop_secs: float, analyzer, clock: SimClock) -> Outc
     pcm = (np.clip(turn.audio, -1, 1) * 32767).astype("<i2").tobytes()
     speaking = False
     inference: list[float] = []
-    end_s: float | None = None
+    decisions: list[float] = []
     base = clock.now = clock.now + 60.0  # each turn far from the last on the analyzer's clock
     for offset in range(0, len(pcm) - 2 * CHUNK + 1, 2 * CHUNK):
         clock.now = base + (offset // 2 + CHUNK) / RATE  # the end of this chunk
         t = clock.now - base
         chunk = pcm[offset : offset + 2 * CHUNK]
         state = await vad.analyze_audio(chunk)
+        decided: float | None = None
         if state == VADState.SPEAKING and not speaking:
             speaking = True
             if analyzer is not None:
@@ -197,21 +216,59 @@ async def drive(turn: Turn, stop_secs: float, analyzer, clock: SimClock) -> Outc
         elif state == VADState.QUIET and speaking:
             speaking = False
             if analyzer is None:
-                end_s = t
+                decided = t
+            else:
+                t0 = time.perf_counter()
+                verdict, _ = await analyzer.analyze_end_of_turn()
+                inference.append(1000 * (time.perf_counter() - t0))
+                if verdict == EndOfTurnState.COMPLETE:
+                    decided = t + inference[-1] / 1000
+        timed_out = analyzer is not None and decided is None and analyzer.append_audio(chunk, speaking)
+        if timed_out == EndOfTurnState.COMPLETE:
+            decided = t  # smart-turn's own silence timeout
+        if decided is not None:
+            decisions.append(decided)
+            if decided >= turn.speech_end_s:
                 break
-            t0 = time.perf_counter()
-            verdict, _ = await analyzer.analyze_end_of_turn()
-            inference.append(1000 * (time.perf_counter() - t0))
-            if verdict == EndOfTurnState.COMPLETE:
-                end_s = t + inference[-1] / 1000
-                break
-        if analyzer is not None and analyzer.append_audio(chunk, speaking) == EndOfTurnState.COMPLETE:
-            end_s = t  # smart-turn's own silence timeout
-            break
+            if analyzer is not None:
+                analyzer.clear()
     await vad.cleanup()
+    end_s = decisions[0] if decisions else None
     early = end_s is not None and end_s < turn.speech_end_s
     delay = None if end_s is None or early else 1000 * (end_s - turn.speech_end_s)
-    return Outcome(end_s, early, delay, inference)
+    final = [d for d in decisions if d >= turn.speech_end_s]
+    final_delay = 1000 * (final[0] - turn.speech_end_s) if final else None
+    cuts = [d for d in decisions if d < turn.speech_end_s]
+    return Outcome(end_s, early, delay, inference, cuts, final_delay)
+
+
+def cut_pauses(turn: Turn, outcome: Outcome) -> int:
+    """How many of the turn's inserted pauses were cut: each early decision belongs to the last
+    pause that began before it (a decision that the model's inference time carried into the next
+    words still cut that pause); one before the first pause (at the voice's own comma) to none."""
+    cut = set()
+    for c in outcome.cuts:
+        started = [k for k, (a, _) in enumerate(turn.pauses) if a <= c]
+        if started:
+            cut.add(started[-1])
+    return len(cut)
+
+
+def corpus_turns(subset: str | None, path: str) -> list[Turn]:
+    """The caller corpus as turns: each utterance with 4 s of its room noise after the speech,
+    through ``path`` ("clean": as rendered)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.*
+    from support.callers import corpus
+    from support.lines import through
+
+    out = []
+    for u in corpus(subset):
+        extra = max(0.0, TAIL_S - (u.pcm.size / u.sample_rate - u.speech_end_s))
+        audio = u.with_tail(extra).astype(np.float32) / 32768.0
+        if path != "clean":
+            audio = through(path)(audio)
+        out.append(Turn(audio, u.speech_end_s, list(u.pauses), voice=u.voice, label=u.label, id=u.id))
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -234,23 +291,47 @@ class Row:
     delay_ms_p95: float | None
     inference_ms_p50: float | None
     outcomes: list[Outcome]
+    # per pause and per label (the corpus's labels; piper20: mid_thought = has pauses)
+    pauses: int = 0
+    cut_pauses: int = 0
+    complete_turns: int = 0
+    complete_early: int = 0
+    complete_delay_ms_p50: float | None = None
+    complete_delay_ms_p95: float | None = None
+
+
+def _label(turn: Turn) -> str:
+    return turn.label or ("mid_thought" if turn.pauses else "complete")
 
 
 def summarise(analyzer: str, stop_secs: float, turns: list[Turn], outcomes: list[Outcome]) -> Row:
     delays = [o.delay_ms for o in outcomes if o.delay_ms is not None]
     inference = [ms for o in outcomes for ms in o.inference_ms]
+    pairs = list(zip(turns, outcomes, strict=True))
+    complete = [o for t, o in pairs if _label(t) == "complete"]
+    complete_delays = [o.delay_ms for o in complete if o.delay_ms is not None]
     return Row(
         analyzer=analyzer,
         stop_secs=stop_secs,
         turns=len(outcomes),
         early=sum(o.early for o in outcomes),
-        early_with_pauses=sum(o.early for o, t in zip(outcomes, turns, strict=True) if t.pauses),
+        early_with_pauses=sum(o.early for t, o in pairs if t.pauses),
         late_over_1s=sum(d > 1000 for d in delays),
         delay_ms_p50=statistics.median(delays) if delays else None,
         delay_ms_p95=_pct(delays, 0.95) if delays else None,
         inference_ms_p50=statistics.median(inference) if inference else None,
         outcomes=outcomes,
+        pauses=sum(len(t.pauses) for t in turns),
+        cut_pauses=sum(cut_pauses(t, o) for t, o in pairs),
+        complete_turns=len(complete),
+        complete_early=sum(o.early for o in complete),
+        complete_delay_ms_p50=statistics.median(complete_delays) if complete_delays else None,
+        complete_delay_ms_p95=_pct(complete_delays, 0.95) if complete_delays else None,
     )
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f} ms"
 
 
 def print_table(rows: list[Row], with_pauses: int) -> None:
@@ -259,11 +340,44 @@ def print_table(rows: list[Row], with_pauses: int) -> None:
     print(f"\n| turn analyzer | VAD stop_secs | {early} | {delay} | model ms p50 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        fmt = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
         print(
-            f"| {r.analyzer} | {r.stop_secs:.1f} | {r.early} ({r.early_with_pauses}) | {fmt(r.delay_ms_p50)} "
-            f"| {fmt(r.delay_ms_p95)} | {r.late_over_1s} | {fmt(r.inference_ms_p50)} |"
+            f"| {r.analyzer} | {r.stop_secs:.1f} | {r.early} ({r.early_with_pauses}) | {_ms(r.delay_ms_p50)} "
+            f"| {_ms(r.delay_ms_p95)} | {r.late_over_1s} | {_ms(r.inference_ms_p50)} |"
         )
+
+
+def print_cuts_table(rows: list[Row]) -> None:
+    """Early cuts on the mid-thought pauses against the delay on complete turns."""
+    r0 = rows[0]
+    print(
+        f"\n| turn analyzer | VAD stop_secs | early cuts (of {r0.pauses} mid-thought pauses) "
+        f"| complete turns ended early (of {r0.complete_turns}) | delay on complete turns p50 | p95 "
+        "| delay on all turns p50 | model ms p50 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        share = f"{r.cut_pauses} ({100 * r.cut_pauses / max(1, r.pauses):.0f} %)"
+        print(
+            f"| {r.analyzer} | {r.stop_secs:.1f} | {share} | {r.complete_early} | {_ms(r.complete_delay_ms_p50)} "
+            f"| {_ms(r.complete_delay_ms_p95)} | {_ms(r.delay_ms_p50)} | {_ms(r.inference_ms_p50)} |"
+        )
+
+
+def print_voice_table(rows: list[Row], turns: list[Turn]) -> None:
+    """Per voice, each configuration: early cuts / mid-thought pauses, and the complete turns' delay p50."""
+    voices = sorted({t.voice for t in turns})
+    print("\nPer voice: early cuts / mid-thought pauses; delay p50 on complete turns not ended early\n")
+    print("| turn analyzer | VAD stop_secs | " + " | ".join(voices) + " |")
+    print("|---|---:|" + "---|" * len(voices))
+    for r in rows:
+        cells = []
+        for v in voices:
+            pairs = [(t, o) for t, o in zip(turns, r.outcomes, strict=True) if t.voice == v]
+            n = sum(len(t.pauses) for t, _ in pairs)
+            cut = sum(cut_pauses(t, o) for t, o in pairs)
+            d = [o.delay_ms for t, o in pairs if _label(t) == "complete" and o.delay_ms is not None]
+            cells.append(f"{cut}/{n}; {_ms(statistics.median(d)) if d else '-'}")
+        print(f"| {r.analyzer} | {r.stop_secs:.1f} | " + " | ".join(cells) + " |")
 
 
 async def main(argv: list[str] | None = None) -> int:
@@ -273,10 +387,20 @@ async def main(argv: list[str] | None = None) -> int:
         "--smart-timeout", type=float, nargs="+", default=[3.0, 1.0], help="smart-turn's silence timeout(s), s"
     )
     parser.add_argument("--no-vad-only", action="store_true", help="skip the no-analyzer comparison")
+    parser.add_argument(
+        "--callers",
+        choices=["corpus", "piper20"],
+        default="corpus",
+        help="the caller corpus (default) or issue 11's 20 turns in the agent's own voice",
+    )
+    parser.add_argument("--subset", help="corpus only: 'smoke' or a voice id")
+    parser.add_argument("--path", choices=["clean", "page", "phone"], default="clean", help="corpus only")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if any(not 0.05 <= s <= 3.0 for s in args.stop_secs + args.smart_timeout):
         parser.error("--stop-secs and --smart-timeout values must be between 0.05 and 3.0 s")
+    if args.callers == "piper20" and (args.subset or args.path != "clean"):
+        parser.error("--subset and --path apply to the caller corpus only")
 
     from loguru import logger
 
@@ -287,17 +411,24 @@ async def main(argv: list[str] | None = None) -> int:
     from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
 
     t0 = time.perf_counter()
-    turns = make_turns(TURNS)
-    print(f"{len(turns)} caller turns rendered in {time.perf_counter() - t0:.1f} s "
+    if args.callers == "piper20":
+        turns = make_turns(TURNS)
+    else:
+        try:
+            turns = corpus_turns(args.subset, args.path)
+        except RuntimeError as exc:  # CorpusError: espeak-ng missing, an unknown subset
+            parser.error(str(exc))
+    print(f"{len(turns)} caller turns ready in {time.perf_counter() - t0:.1f} s "
           f"({sum(t.speech_end_s for t in turns):.0f} s of speech and pauses)")  # fmt: skip
     clock = SimClock()
     base_smart_turn.time = clock  # the analyzer's buffer timestamps follow the audio, not the wall
+    demo_timeout = _demo_smart_timeout()
     analyzers: list[tuple[str, LocalSmartTurnAnalyzerV3 | None]] = []
     for timeout in args.smart_timeout:
         smart = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=timeout))
         smart.set_sample_rate(RATE)
-        demo = " (demo)" if timeout == SmartTurnParams().stop_secs else ""
-        analyzers.append((f"smart-turn v3, timeout {timeout:g} s{demo}", smart))
+        tag = " (demo)" if timeout == demo_timeout else " (Pipecat's default)" if timeout == 3.0 else ""
+        analyzers.append((f"smart-turn v3, timeout {timeout:g} s{tag}", smart))
     if not args.no_vad_only:
         analyzers.append(("none (VAD stop ends the turn)", None))
     rows: list[Row] = []
@@ -305,15 +436,37 @@ async def main(argv: list[str] | None = None) -> int:
         for stop_secs in args.stop_secs:
             outcomes = [await drive(turn, stop_secs, analyzer, clock) for turn in turns]
             rows.append(summarise(name, stop_secs, turns, outcomes))
+            print(f"  {name}, stop_secs {stop_secs:g}: done", file=sys.stderr, flush=True)
         if analyzer is not None:
             await analyzer.cleanup()
     print_table(rows, sum(bool(t.pauses) for t in turns))
+    print_cuts_table(rows)
+    if args.callers == "corpus":
+        print_voice_table(rows, turns)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"turns": [{"speech_end_s": t.speech_end_s, "pauses": t.pauses} for t in turns]}
+        doc = {
+            "callers": args.callers,
+            "path": args.path,
+            "load": os.getloadavg(),
+            "turns": [
+                {"id": t.id, "voice": t.voice, "label": _label(t), "speech_end_s": t.speech_end_s, "pauses": t.pauses}
+                for t in turns
+            ],
+        }
         doc["rows"] = [asdict(r) for r in rows]
         args.json.write_text(json.dumps(doc, indent=1))
     return 0
+
+
+def _demo_smart_timeout() -> float:
+    """The demo agent's smart-turn silence timeout (``turn_strategies``' default)."""
+    import inspect
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from pipelines.pipecat_agent import turn_strategies
+
+    return inspect.signature(turn_strategies).parameters["smart_turn_timeout_s"].default
 
 
 if __name__ == "__main__":

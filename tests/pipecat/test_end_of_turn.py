@@ -4,12 +4,14 @@ Real parts: the bundled Piper voice makes the caller's speech, Pipecat's Silero 
 smart-turn v3 analyzer judge it. What is asserted: the inserted pause is where the script says
 (silent, between two stretches of speech); a VAD stop shorter than the pause ends the turn inside
 it (too early), a longer one ends it after the speech, ``stop_secs`` plus a few VAD windows
-later; the smart-turn path reaches a decision on a plain question.
+later; the smart-turn path reaches a decision on a plain question; a corpus caller's every cut
+pause is counted.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -97,3 +99,20 @@ async def test_the_demo_waits_one_second_not_three_when_smart_turn_says_incomple
         base_smart_turn.time = saved
     assert not outcome.early
     assert 1000 <= outcome.delay_ms <= 2000, outcome
+
+
+async def test_every_cut_pause_of_a_corpus_caller_is_counted(eot, tmp_path, monkeypatch) -> None:
+    # A caller from the corpus (an espeak-ng voice) with two pauses of 0.4 and 0.6 s: a VAD stop of
+    # 0.2 s ends the turn in each of them, and the turn is followed on to its real end; 1.0 s cuts none.
+    monkeypatch.setenv("STREAMVOX_CALLERS_DIR", str(tmp_path))
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng not installed (make audio-deps)")
+    (turn,) = eot.corpus_turns(["espeak-rp-slow/m-unsure"], "clean")
+    assert turn.label == "mid_thought" and len(turn.pauses) == 2 and turn.voice == "espeak-rp-slow"
+    clock = eot.SimClock()
+    short = await eot.drive(turn, 0.2, None, clock)
+    assert short.early and len(short.cuts) >= 2 and eot.cut_pauses(turn, short) == 2
+    assert 150 <= short.final_delay_ms <= 500, short  # the real end: about stop_secs after the last word
+    long = await eot.drive(turn, 1.0, None, clock)
+    assert not long.early and not long.cuts and eot.cut_pauses(turn, long) == 0
+    assert long.final_delay_ms == long.delay_ms
