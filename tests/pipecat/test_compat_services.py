@@ -143,3 +143,27 @@ async def test_cartesia_service_keeps_one_connection_across_an_interruption(engi
         assert _cancels_acked(srv) == 1, "the interruption cancelled the context on the server"
         words = [f.text for f in after if type(f).__name__ == "TTSTextFrame"]
         assert [w.strip(",.").lower() for w in words] == [w.strip(",.").lower() for w in NEXT_REPLY.split()]
+
+
+# ---------------------------------------------------------------- ElevenLabs
+
+
+async def test_elevenlabs_service_keeps_one_connection_across_an_interruption(engine):
+    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+
+    async with counted_server(engine) as srv:
+        tts = ElevenLabsTTSService(
+            api_key="unused",
+            url=srv.ws_base,
+            sample_rate=16000,
+            settings=ElevenLabsTTSService.Settings(voice="21m00Tcm4TlvDq8ikWAM"),  # an ElevenLabs voice id
+        )
+        before, after, _ = await _interrupted(tts)
+        assert {f.sample_rate for f in _audio(before + after)} == {16000}
+        paths = [p for p in srv.requests if p.endswith("/multi-stream-input")]
+        assert paths == ["/v1/text-to-speech/21m00Tcm4TlvDq8ikWAM/multi-stream-input"]
+        assert srv.requests[paths[0]] == 1, "one connection for both replies and the cancel"
+        assert _cancels_acked(srv) == 1, "close_context in mid-reply cancelled the context on the server"
+        words = [f.text for f in after if type(f).__name__ == "TTSTextFrame"]
+        assert [w.strip(",.").lower() for w in words] == [w.strip(",.").lower() for w in NEXT_REPLY.split()]
+        assert any(isinstance(f, TTSStoppedFrame) for f in after), "the second reply ended with isFinal"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import cartesia, openai
+from . import cartesia, elevenlabs, openai
 from .bridge import Host
 from .voices import VoiceMap
 
@@ -24,6 +24,7 @@ def register(host: Host, app: web.Application, voices: VoiceMap) -> None:
     voices.check(host.synth.engine.voices)
     app.add_routes(openai.OpenAISpeech(host, voices).routes())
     app.add_routes(cartesia.Cartesia(host, voices).routes())
+    app.add_routes(elevenlabs.ElevenLabs(host, voices).routes())
 
 
 def api_key_of(request: web.Request) -> str | None:
@@ -41,4 +42,6 @@ def unauthorized(request: web.Request) -> web.Response | None:
         return openai.unauthorized()
     if request.path == cartesia.WS_PATH:
         return cartesia.http_error(401, "missing or wrong API key: send it in the X-API-Key header")
+    if request.path.startswith("/v1/text-to-speech/"):
+        return elevenlabs.http_error(401, "invalid_api_key", "missing or wrong API key: send it in xi-api-key")
     return None

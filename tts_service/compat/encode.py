@@ -61,6 +61,7 @@ class Encoded:
 
     response_format: str
     sample_rate: int
+    bit_rate: int | None = None  # bits per second; None: the encoder's default
 
     def __post_init__(self) -> None:
         import av
@@ -70,6 +71,8 @@ class Encoded:
         self._out = _Collect()
         self._container = av.open(self._out, mode="w", format=container)
         self._stream = self._container.add_stream(codec, rate=self.sample_rate, layout="mono")
+        if self.bit_rate:
+            self._stream.bit_rate = self.bit_rate
 
     @property
     def content_type(self) -> str:
