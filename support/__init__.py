@@ -1,0 +1,5 @@
+"""Helpers that the tests, the scripts and the benchmarks share (callers, echo paths): not part of the product.
+
+Nothing in ``tts_service``, ``agent`` or ``pipelines`` imports this package; scripts put the
+repository root on ``sys.path`` and import it, tests import it directly.
+"""
