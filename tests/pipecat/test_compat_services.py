@@ -9,20 +9,13 @@ WebSocket services one connection for both replies and the cancel done on the se
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-
 import numpy as np
-from aiohttp import web
 from pipecat.frames.frames import ErrorFrame, InterruptionFrame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.tests.utils import SleepFrame, run_test
 
 from tests.pipecat.harness import llm_reply
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, eventually, on_loopback
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
-from tts_service.server import Server, ServerConfig
+from tests.tts_service.compat_helpers import counted_server
+from tests.tts_service.tts_helpers import eventually
 
 REPLY = "Sure, I can help with that. Your booking is moved to Tuesday afternoon at three."
 LONG_REPLY = (
@@ -31,34 +24,6 @@ LONG_REPLY = (
     "The second one is a direct connection in the afternoon, which is a little more expensive."
 )
 NEXT_REPLY = "Of course, the direct one it is."
-
-
-@dataclass
-class Counted:
-    srv: RunningServer
-    requests: dict[str, int] = field(default_factory=dict)  # path -> requests prepared
-
-    @property
-    def http_url(self) -> str:
-        return self.srv.http_url
-
-    @property
-    def ws_base(self) -> str:
-        return self.srv.http_url.replace("http://", "ws://")
-
-
-@contextlib.asynccontextmanager
-async def counted_server(engine) -> AsyncIterator[Counted]:
-    """A real server that counts the requests (WebSocket handshakes included) per path."""
-    server = Server(Synthesizer(engine, options=SchedulerOptions(capacity=NO_ADMISSION_LIMIT)), ServerConfig())
-    requests: dict[str, int] = {}
-
-    async def count(request: web.Request, _response: web.StreamResponse) -> None:
-        requests[request.path] = requests.get(request.path, 0) + 1
-
-    server.app.on_response_prepare.append(count)
-    async with on_loopback(server.app) as (ws_url, http_url):
-        yield Counted(RunningServer(server, ws_url, http_url), requests)
 
 
 def _audio(frames, context_id=None) -> list[TTSAudioRawFrame]:
@@ -122,11 +87,6 @@ async def test_openai_service_speaks_and_an_interruption_stops_the_request(engin
 # ---------------------------------------------------------------- Cartesia
 
 
-def _cancels_acked(srv: Counted) -> int:
-    value = srv.srv.server.synth.metrics.registry.get_sample_value("streamvox_cancel_ack_seconds_count")
-    return int(value or 0)
-
-
 async def test_cartesia_service_keeps_one_connection_across_an_interruption(engine):
     from pipecat.services.cartesia.tts import CartesiaTTSService
 
@@ -140,7 +100,7 @@ async def test_cartesia_service_keeps_one_connection_across_an_interruption(engi
         before, after, _ = await _interrupted(tts)
         assert {f.sample_rate for f in _audio(before + after)} == {16000}
         assert srv.requests["/tts/websocket"] == 1, "one connection for both replies and the cancel"
-        assert _cancels_acked(srv) == 1, "the interruption cancelled the context on the server"
+        assert srv.cancels_acked == 1, "the interruption cancelled the context on the server"
         words = [f.text for f in after if type(f).__name__ == "TTSTextFrame"]
         assert [w.strip(",.").lower() for w in words] == [w.strip(",.").lower() for w in NEXT_REPLY.split()]
 
@@ -163,7 +123,7 @@ async def test_elevenlabs_service_keeps_one_connection_across_an_interruption(en
         paths = [p for p in srv.requests if p.endswith("/multi-stream-input")]
         assert paths == ["/v1/text-to-speech/21m00Tcm4TlvDq8ikWAM/multi-stream-input"]
         assert srv.requests[paths[0]] == 1, "one connection for both replies and the cancel"
-        assert _cancels_acked(srv) == 1, "close_context in mid-reply cancelled the context on the server"
+        assert srv.cancels_acked == 1, "close_context in mid-reply cancelled the context on the server"
         words = [f.text for f in after if type(f).__name__ == "TTSTextFrame"]
         assert [w.strip(",.").lower() for w in words] == [w.strip(",.").lower() for w in NEXT_REPLY.split()]
         assert any(isinstance(f, TTSStoppedFrame) for f in after), "the second reply ended with isFinal"

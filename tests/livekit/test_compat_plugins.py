@@ -1,0 +1,79 @@
+"""LiveKit's own OpenAI, Cartesia and ElevenLabs plug-ins (``livekit-plugins-*`` 1.8.9), pointed
+at a local streamvox by base URL only, in an in-process ``AgentSession`` with an interruption.
+
+Each plug-in runs with its defaults (OpenAI: ``gpt-4o-mini-tts`` over SSE, mp3; Cartesia: raw
+pcm_s16le at 24 kHz; ElevenLabs: ``mp3_22050_32``). Asserted: every reply is heard, the sink gets
+no frame of the interrupted reply after its ``clear_buffer()``, and the interrupted stream was
+cancelled on the server (HTTP hang-up, closed socket or ``close_context``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.livekit.helpers import RecordingAudioOutput, ScriptedLLM, TaggingAgent
+from tests.tts_service.compat_helpers import Counted, counted_server
+
+SHORT = "Sure, I can help with that."
+LONG = (
+    "Let me explain this in some detail, because there is a lot to say. The first thing you should "
+    "know is that the process has several steps. The second thing is that each step takes a while."
+)
+
+
+def _plugin(name: str, srv: Counted):
+    if name == "openai":
+        from livekit.plugins import openai
+
+        return openai.TTS(base_url=srv.http_url + "/v1", api_key="unused")
+    if name == "cartesia":
+        from livekit.plugins import cartesia
+
+        return cartesia.TTS(base_url=srv.http_url, api_key="unused")
+    from livekit.plugins import elevenlabs
+
+    return elevenlabs.TTS(base_url=srv.http_url + "/v1", api_key="unused")
+
+
+@pytest.mark.parametrize("name", ["openai", "cartesia", "elevenlabs"])
+async def test_plugin_speaks_through_streamvox_and_an_interruption_stops_it(engine, name: str) -> None:
+    from livekit.agents import AgentSession
+    from livekit.agents.utils import http_context
+
+    plan = [False, True, False]  # True: interrupted with session.interrupt()
+    # the plug-ins' HTTP sessions come from a worker's job context; in-process, from http_context
+    async with counted_server(engine) as srv, http_context.open():
+        tts = _plugin(name, srv)
+        llm = ScriptedLLM([LONG if interrupted else SHORT for interrupted in plan])
+        sink = RecordingAudioOutput()
+        session = AgentSession(llm=llm, tts=tts, vad=None, turn_handling={"turn_detection": None})
+        session.output.audio = sink
+        try:
+            await session.start(agent=TaggingAgent())
+            for turn, interrupt in enumerate(plan):
+                run = session.run(user_input=f"question {turn}")
+                if interrupt:
+                    await sink.wait_for_audio(turn, 0.6)
+                    await asyncio.wait_for(session.interrupt(), 5.0)
+                await asyncio.wait_for(run, 20.0)
+            for _ in range(100):  # the cancel reaches the server in the background
+                if srv.streams_cancelled:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await session.aclose()
+            await tts.aclose()
+
+        for turn, interrupt in enumerate(plan):
+            heard = sink.audio_of(turn)
+            if not interrupt:
+                assert heard > 1.0, (name, turn, heard)
+                continue
+            assert 0.6 <= heard < 6.0, (name, turn, heard)
+            cleared_at = min(t for t, reply in sink.clears if reply == turn)
+            late = [f for f in sink.frames if f.reply == turn and f.at > cleared_at]
+            assert not late, f"{name}: {len(late)} frames of the interrupted reply after clear_buffer()"
+        assert srv.streams_cancelled >= 1, f"{name}: the interrupted stream kept running on the server"
+        print(f"\n{name}: requests {srv.requests}")
