@@ -353,13 +353,14 @@ class Session:
 
         Attributed to the caller instead: a stop that arrives from the onset of the caller's speech to
         ``STOP_AFTER_S`` after its end (the VAD needs a moment); a transcript up to ``ANSWER_AFTER_S``
-        after its end (Whisper runs late on a loaded machine) whose words are mostly the caller's line,
-        and not more the agent's own words (its echo, heard in that time, is those). Counted up to
-        ``until_s`` when the session was cut there.
+        after its end (Whisper runs late on a loaded machine) unless its words are more the agent's
+        own of the last ``ECHO_WORDS_S`` (its echo, heard in that time) than the caller's line (the
+        browser's echo cancellation garbles the caller's words: "I will brother." is still the
+        caller's). Counted up to ``until_s`` when the session was cut there.
         """
         end = self.until_s if self.until_s is not None else float("inf")
         windows = [(self.page_t(a), self.page_t(b), line) for (a, b), line in zip(self.plan.speech, CALLER_LINES)]
-        agents = {w for x in self.page.get("transcript") or [] if x["who"] == "agent" for w in words(x["text"])}
+        lines = self.page.get("transcript") or []
         stops, answers, callers = [], [], 0
         speaking = False
         for m in self.page.get("rtvi") or []:
@@ -368,12 +369,18 @@ class Session:
             elif m["type"] == "bot-interrupted" and speaking and self.mic_t(m["t"]) <= end:
                 if not any(a - 0.1 <= m["t"] <= b + STOP_AFTER_S for a, b, _ in windows):
                     stops.append(round(self.mic_t(m["t"]), 2))
-        for x in self.page.get("transcript") or []:
+        for x in lines:
             if x["who"] != "you" or self.mic_t(x["t"]) > end:
                 continue
             said = words(x["text"]) or [""]
-            echo = _share(said, agents)
-            if any(a <= x["t"] <= b + ANSWER_AFTER_S and 0.5 <= _share(said, line) >= echo for a, b, line in windows):
+            recent = {
+                w
+                for y in lines
+                if y["who"] == "agent" and 0 <= x["t"] - y["t"] <= ECHO_WORDS_S
+                for w in words(y["text"])
+            }
+            echo = _share(said, recent)
+            if any(a <= x["t"] <= b + ANSWER_AFTER_S and _share(said, line) >= echo for a, b, line in windows):
                 callers += 1
             else:
                 answers.append({"t": round(self.mic_t(x["t"]), 2), "text": x["text"]})
@@ -402,6 +409,7 @@ class Session:
 BARGE_IN_KEYS = ("yield_ms", "silence_ms", "interrupted", "in_pause", "jitter_buffer_ms", "server")
 STOP_AFTER_S = 1.5  # the caller's speech end -> the latest the agent's stop can be the caller's doing
 ANSWER_AFTER_S = 6.0  # ... -> the latest its transcript can arrive (a loaded machine: VAD stop, Whisper)
+ECHO_WORDS_S = 10.0  # the agent's words this recent can come back as its echo
 
 
 def words(text: str) -> list[str]:
@@ -439,6 +447,7 @@ def run_session(
     ``session_s``, at that time on the microphone's clock instead (an agent that talks to its own
     echo may never fall silent). ``echo``: the page sends the microphone plus the agent's echo.
     """
+    wait_for_a_free_line(base_url)
     driver = open_browser(plan.path, browser=browser, driver=driver_path, echo=echo)
     try:
         driver.get(f"{base_url}/?headphones={int(headphones)}")
@@ -483,6 +492,23 @@ def run_session(
         return session
     finally:
         driver.quit()
+
+
+def wait_for_a_free_line(base_url: str, timeout_s: float = 30.0) -> None:
+    """Until the room has a line free (``/healthz``: calls < max_calls): the last session's call
+    is released only once the agent has seen its peer go, a moment after the browser quit."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/healthz", timeout=5) as r:
+                health = json.load(r)
+        except (OSError, ValueError):
+            return  # a room without /healthz (or not up): the session itself will say what is wrong
+        if health.get("calls", 0) < health.get("max_calls", 1) or time.monotonic() > deadline:
+            return
+        time.sleep(0.3)
 
 
 def _shot(driver, path: Path) -> Path:
