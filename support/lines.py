@@ -20,7 +20,7 @@ import numpy as np
 
 RATE = 16000
 PHONE_RATE = 8000
-PATHS = ("page", "phone")
+PATHS = ("clean", "page", "phone")
 
 
 def phone_path(x16: np.ndarray) -> np.ndarray:
@@ -46,7 +46,10 @@ def page_path(x16: np.ndarray) -> np.ndarray:
 
 
 def through(path: str) -> Callable[[np.ndarray], np.ndarray]:
-    """The function of a path's name (``"page"`` or ``"phone"``)."""
+    """The function of a path's name: ``"page"``, ``"phone"`` or ``"clean"`` (the audio as it is:
+    what the caller's own microphone gave, before any codec)."""
+    if path == "clean":
+        return lambda x16: x16
     if path == "page":
         return page_path
     if path == "phone":
