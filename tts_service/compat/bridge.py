@@ -125,7 +125,7 @@ class Bridge:
 
 
 async def read_socket(
-    ws: web.WebSocketResponse, on_text: Callable[[str], Awaitable[None] | None], on_binary: Callable[[], None]
+    ws: web.WebSocketResponse, on_text: Callable[[str], Awaitable[None]], on_binary: Callable[[], Awaitable[None]]
 ) -> None:
     """The adapters' reader loop: text messages to ``on_text``, binary ones to ``on_binary`` (none of
     the APIs takes any); a bug in one message is logged and the connection goes on; a burst in the
@@ -134,13 +134,11 @@ async def read_socket(
     async for msg in ws:
         if msg.type == WSMsgType.TEXT:
             try:
-                result = on_text(msg.data)
-                if result is not None:
-                    await result
+                await on_text(msg.data)
             except Exception:  # a bug must not kill the connection
                 log.exception("compat: error handling %r", msg.data[:200])
         elif msg.type == WSMsgType.BINARY:
-            on_binary()
+            await on_binary()
         elif msg.type == WSMsgType.ERROR:
             log.info("compat websocket error: %s", ws.exception())
         handled += 1

@@ -9,7 +9,6 @@ context ids, so the connection's limits and tombstones apply to them unchanged. 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -62,8 +61,8 @@ class SocketAdapter:
             return
         await self.on_message(msg)
 
-    def _binary(self) -> None:
-        asyncio.get_running_loop().create_task(self.bad_message("binary messages are not accepted; send JSON text"))
+    async def _binary(self) -> None:
+        await self.bad_message("binary messages are not accepted; send JSON text")
 
     async def _event(self, event: Event) -> None:
         await self.on_event(event)
