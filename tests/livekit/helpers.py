@@ -247,3 +247,31 @@ class MicInput(io.AudioInput):
         if chunk.size < self._hop:
             chunk = np.concatenate([chunk, np.zeros(self._hop - chunk.size, dtype=np.int16)])
         return rtc.AudioFrame(chunk.tobytes(), self.sample_rate, 1, self._hop)
+
+
+# ---------------------------------------------------------------- a session's turns
+
+
+async def run_turns(session: Any, sink: RecordingAudioOutput, plan: list[bool], *, heard_s: float = 0.6) -> None:
+    """One user turn per entry of ``plan`` (``question N``); True: ``session.interrupt()`` once
+    that reply has played ``heard_s`` seconds."""
+    for turn, interrupt in enumerate(plan):
+        run = session.run(user_input=f"question {turn}")
+        if interrupt:
+            await sink.wait_for_audio(turn, heard_s)
+            await asyncio.wait_for(session.interrupt(), 5.0)
+        await asyncio.wait_for(run, 20.0)
+
+
+def check_replies(sink: RecordingAudioOutput, plan: list[bool], *, heard_s: float = 0.6, what: str = "") -> None:
+    """Each reply heard (an interrupted one from ``heard_s`` up to its cut), and no frame of an
+    interrupted reply reached the sink after its ``clear_buffer()``."""
+    for turn, interrupt in enumerate(plan):
+        heard = sink.audio_of(turn)
+        if not interrupt:
+            assert heard > 1.0, (what, turn, heard)
+            continue
+        assert heard_s <= heard < 6.0, (what, turn, heard)
+        cleared_at = min(t for t, reply in sink.clears if reply == turn)
+        late = [f for f in sink.frames if f.reply == turn and f.at > cleared_at]
+        assert not late, f"{what} reply {turn}: {len(late)} frames after clear_buffer()"

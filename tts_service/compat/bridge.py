@@ -28,6 +28,7 @@ from aiohttp import WSMsgType, web
 from ..core.runtime import SynthesizerBase
 from ..session import ClientSession, Event, SessionContext
 from ..ws import YIELD_EVERY, Connection
+from .voices import VoiceMap
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,17 @@ class Host(Protocol):
     draining: bool
 
     def attached(self, conn: Connection) -> contextlib.AbstractAsyncContextManager[Connection]: ...
+
+
+class Api:
+    """One compatible API on a server: its routes, over the host and the voice map they all use."""
+
+    def __init__(self, host: Host, voices: VoiceMap) -> None:
+        self.host = host
+        self.voices = voices
+
+    def routes(self) -> list[web.AbstractRouteDef]:
+        raise NotImplementedError
 
 
 class _Outlet:

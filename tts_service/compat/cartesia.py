@@ -27,7 +27,7 @@ from aiohttp import web
 from .. import protocol as P
 from ..protocol import ErrorCode
 from ..session import Acked, Audio, Done, Event, Failed, SessionContext, Words
-from .bridge import Host
+from .bridge import Api, Host
 from .sockets import RATES, SocketAdapter, b64, pcm_s16_to_f32, serve_socket
 from .voices import UnknownVoice, VoiceMap
 
@@ -179,11 +179,7 @@ class CartesiaSocket(SocketAdapter):
         self.options.pop(ctx, None)
 
 
-class Cartesia:
-    def __init__(self, host: Host, voices: VoiceMap) -> None:
-        self.host = host
-        self.voices = voices
-
+class Cartesia(Api):
     def routes(self) -> list[web.AbstractRouteDef]:
         return [web.get(WS_PATH, self.handler)]
 

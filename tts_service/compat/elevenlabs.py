@@ -35,9 +35,9 @@ from aiohttp import web
 from .. import protocol as P
 from ..session import Acked, Audio, Done, Event, Failed, SessionContext, Word, Words
 from . import encode
-from .bridge import Host
+from .bridge import Api, Host
 from .sockets import RATES, SocketAdapter, b64, serve_socket
-from .voices import UnknownVoice, VoiceMap
+from .voices import UnknownVoice
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +217,7 @@ class ElevenLabsSocket(SocketAdapter):
         await self.send({"isFinal": True, "contextId": ctx.context_id})
 
 
-class ElevenLabs:
-    def __init__(self, host: Host, voices: VoiceMap) -> None:
-        self.host = host
-        self.voices = voices
-
+class ElevenLabs(Api):
     def routes(self) -> list[web.AbstractRouteDef]:
         return [web.get(PATH, self.handler)]
 

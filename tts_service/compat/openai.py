@@ -30,8 +30,8 @@ from ..protocol import ErrorCode, ProtocolError
 from ..session import Audio, Done, Failed, Started
 from ..ws import OUTBOX_HIGH_WATER
 from . import encode
-from .bridge import Bridge, Host
-from .voices import UnknownVoice, VoiceMap
+from .bridge import Api, Bridge
+from .voices import UnknownVoice
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +160,8 @@ class _Body:
             self._enc.close()
 
 
-class OpenAISpeech:
+class OpenAISpeech(Api):
     """The two OpenAI routes on one server."""
-
-    def __init__(self, host: Host, voices: VoiceMap) -> None:
-        self.host = host
-        self.voices = voices
 
     def routes(self) -> list[web.AbstractRouteDef]:
         return [web.post(SPEECH_PATH, self.speech), web.get(MODELS_PATH, self.models)]
