@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["normalise", "wer", "word_errors"]
+__all__ = ["edit_distance", "normalise", "wer", "word_errors"]
 
 FILLERS = frozenset({"um", "umm", "uh", "uhm", "er", "erm", "ah", "hmm", "hm", "mm", "mhm"})
 _SAME = {"ok": "okay", "alright": "all right"}
@@ -80,15 +80,20 @@ def _spelled(words: list[str], i: int) -> tuple[int, int]:
     return value, used
 
 
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """``(edits, reference words)``: word-level Levenshtein distance between the normal forms."""
-    ref, hyp = normalise(reference), normalise(hypothesis)
+def edit_distance(ref: list[str], hyp: list[str]) -> int:
+    """Levenshtein distance between two word lists (substitutions, insertions, deletions)."""
     row = list(range(len(hyp) + 1))
     for i, r in enumerate(ref, 1):
         prev, row[0] = row[0], i
         for j, h in enumerate(hyp, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[len(hyp)], len(ref)
+    return row[len(hyp)]
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """``(edits, reference words)``: word-level Levenshtein distance between the normal forms."""
+    ref = normalise(reference)
+    return edit_distance(ref, normalise(hypothesis)), len(ref)
 
 
 def wer(reference: str, hypothesis: str) -> float:

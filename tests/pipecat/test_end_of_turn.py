@@ -10,24 +10,17 @@ pause is counted.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "end_of_turn.py"
+from support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def eot():
-    spec = importlib.util.spec_from_file_location("end_of_turn", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["end_of_turn"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("end_of_turn")
 
 
 @pytest.fixture(scope="module")

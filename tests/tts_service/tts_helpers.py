@@ -18,6 +18,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
+from support.wer import edit_distance
 from tts_service import protocol as P
 from tts_service.piper.engine import PiperEngine
 from tts_service.piper.runtime import Synthesizer
@@ -216,14 +217,10 @@ def normalise(text: str) -> list[str]:
 
 
 def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: word-level edit distance over the reference length."""
-    ref, hyp = normalise(reference), normalise(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[len(hyp)] / max(1, len(ref))
+    """Word error rate: word-level edit distance over the reference length (this normal form keeps
+    numbers as written; ``support.wer`` has the callers' one)."""
+    ref = normalise(reference)
+    return edit_distance(ref, normalise(hypothesis)) / max(1, len(ref))
 
 
 def rms(audio: np.ndarray) -> float:
