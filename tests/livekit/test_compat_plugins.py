@@ -4,7 +4,7 @@ at a local streamvox by base URL only, in an in-process ``AgentSession`` with an
 Each plug-in runs with its defaults (OpenAI: ``gpt-4o-mini-tts`` over SSE, mp3; Cartesia: raw
 pcm_s16le at 24 kHz; ElevenLabs: ``mp3_22050_32``). Asserted: every reply is heard, the sink gets
 no frame of the interrupted reply after its ``clear_buffer()``, and the interrupted stream was
-cancelled on the server (HTTP hang-up, closed socket or ``close_context``).
+cancelled on the server where the plug-in tells it (see ``TOLD``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,14 @@ LONG = (
     "Let me explain this in some detail, because there is a lot to say. The first thing you should "
     "know is that the process has several steps. The second thing is that each step takes a while."
 )
+
+
+# Whether the server hears of the interruption. OpenAI's plug-in drops the HTTP request and
+# Cartesia's closes its socket: the stream is cancelled. ElevenLabs' closes a context as soon as
+# its input has ended (flush, then close_context: "speak to the end"), and the scripted LLM's
+# reply has ended before the interruption, so nothing more is sent: the server finishes the reply
+# on the one connection and the plug-in drops that audio (as it does against ElevenLabs).
+TOLD = {"openai": True, "cartesia": True, "elevenlabs": False}
 
 
 def _plugin(name: str, srv: Counted):
@@ -53,14 +61,19 @@ async def test_plugin_speaks_through_streamvox_and_an_interruption_stops_it(engi
         try:
             await session.start(agent=TaggingAgent())
             await run_turns(session, sink, plan)
-            for _ in range(100):  # the cancel reaches the server in the background
+            for _ in range(100 if TOLD[name] else 0):  # the cancel reaches the server in the background
                 if srv.streams_cancelled:
                     break
                 await asyncio.sleep(0.05)
+            cancelled = srv.streams_cancelled
         finally:
             await session.aclose()
             await tts.aclose()
 
         check_replies(sink, plan, what=name)
-        assert srv.streams_cancelled >= 1, f"{name}: the interrupted stream kept running on the server"
+        if TOLD[name]:
+            assert cancelled >= 1, f"{name}: the interrupted stream kept running on the server"
+        else:
+            assert cancelled == 0
+            assert [n for path, n in srv.requests.items() if path.endswith("/multi-stream-input")] == [1]
         print(f"\n{name}: requests {srv.requests}")
