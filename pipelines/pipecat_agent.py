@@ -38,6 +38,7 @@ at the ear beside them. ``--verbose`` shows Pipecat's DEBUG log.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import sys
@@ -62,13 +63,15 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
+from pipelines.call_guard import CallGuard
 from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
 from pipelines.room_limits import RoomLimits
 from pipelines.stt import default_model_path as default_whisper_path
-from pipelines.voice_prompts import BUSY, PHONE, VoicePrompts
+from pipelines.supervisor import Supervisor
+from pipelines.voice_prompts import BUSY, PHONE, PHONE_PCM, WEB_PCM, VoicePrompts
 from tts_service.localproc import ChildServer, StartError, free_port
 
 
@@ -211,13 +214,18 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
 def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePrompts | None = None):
     """The demo room (``pipelines.pipecat_room``) with this agent in every session and call.
 
-    ``parts``: ``() -> {name: up}`` for the room's ``/readyz``; ``prompts``: the agent's cached
-    fixed messages (rendered from ``config.tts_url`` when None).
+    ``parts``: ``() -> {name: up}`` for the room's ``/readyz``; ``prompts``: the agent's fixed
+    messages, warmed by the caller (the launcher does, before its banner) so that they exist when
+    the TTS server is gone; otherwise each is rendered when first needed.
     """
     prompts = prompts or VoicePrompts(config.tts_url, api_key=config.tts_api_key)
 
     def make(transport: BaseTransport, phone: bool) -> Agent:
-        return build_agent(transport, config, phone=phone)
+        agent = build_agent(transport, config, phone=phone)
+        # a lost turn is apologised for, and a written-off service gets the next turn (pipelines.call_guard)
+        fmt = PHONE_PCM if phone else WEB_PCM
+        agent.worker.add_observer(CallGuard(tts=agent.tts, output=transport.output(), prompts=prompts, fmt=fmt))
+        return agent
 
     async def busy() -> bytes:
         return await prompts.clip(BUSY, PHONE)
@@ -269,8 +277,56 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def _check_parts(config: AgentConfig, prompts: VoicePrompts) -> None:
+    """Configuration that cannot work fails here, in one line, before the banner says "Open".
+
+    The TTS server must take our key and render the agent's fixed messages (they are kept for
+    when it is gone); the LLM must take the agent's first request (a system prompt over the local
+    LLM's budget is a 400; a wrong key a 401). One short streamed request, closed at its headers.
+    """
+    from tts_service.client import TTSError
+
+    try:
+        asyncio.run(prompts.warm())
+    except (TTSError, OSError, TimeoutError) as exc:
+        hint = "; set STREAMVOX_API_KEY to the server's key" if "API key" in str(exc) else ""
+        where = f"the TTS server at {config.tts_url}"
+        raise SystemExit(f"pipecat_agent: {where} cannot speak for the agent: {exc}{hint}") from None
+    problem = _llm_refusal(config)
+    if problem:
+        raise SystemExit(f"pipecat_agent: {problem}")
+
+
+def _llm_refusal(config: AgentConfig) -> str | None:
+    """Why the LLM refuses the agent's first request, or None when it takes it."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = f"{(config.llm_base_url or '').rstrip('/')}/chat/completions"
+    messages = [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": "Hello."}]
+    body = json.dumps({"model": config.llm_model, "messages": messages, "stream": True}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {config.llm_api_key}"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=60):
+            return None  # headers of a streamed answer: it takes the request
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = exc.reason
+        hint = "; shorten AGENT_SYSTEM_PROMPT" if exc.code == 400 and "prompt" in str(detail) else ""
+        return f"the LLM at {url} refuses the agent's requests (HTTP {exc.code}: {detail}){hint}"
+    except OSError as exc:
+        return f"cannot reach the LLM at {url}: {exc}"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Start what is missing (TTS server, local LLM) on loopback, then the demo room."""
+    """Start what is missing (TTS server, local LLM) on loopback, then the demo room.
+
+    The children are supervised (``pipelines.supervisor``: restarted with back-off when they die)
+    and die with this process, also when it is killed (``die_with_parent``).
+    """
     parser = argparse.ArgumentParser(prog="python -m pipelines.pipecat_agent", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="localhost")
     parser.add_argument("--port", type=int, default=7860)
@@ -285,13 +341,13 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         raise SystemExit(f"pipecat_agent: {exc}") from None
     _check_port_free(args.host, args.port)  # before minutes of starting servers that would be for nothing
-    children: list[ChildServer] = []
+    supervisor = Supervisor()
     # uvicorn re-raises a SIGTERM after its shutdown: exit through `finally`, which stops the children
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         if not os.environ.get("TTS_URL"):
-            tts = _start(ChildServer.tts(output="inherit"), 60)
-            children.append(tts)
+            tts = _start(ChildServer.tts(output="inherit", die_with_parent=True), 60)
+            supervisor.add(tts, "tts", ready_timeout_s=60)
             os.environ["TTS_URL"] = tts.ws_url
         if not os.environ.get("LLM_BASE_URL"):
             port = free_port()
@@ -303,24 +359,31 @@ def main(argv: list[str] | None = None) -> None:
                 port=port,
                 ready_path="/v1/models",
                 output="inherit",
+                die_with_parent=True,
             )
-            children.append(_start(llm, 300))
+            supervisor.add(_start(llm, 300), "llm", ready_timeout_s=300)
             os.environ["LLM_BASE_URL"] = f"{llm.base}/v1"
+        config = AgentConfig.from_env(bind_host=args.host)
+        prompts = VoicePrompts(config.tts_url, api_key=config.tts_api_key)
+        _check_parts(config, prompts)
+        supervisor.start()
+        import uvicorn
+
+        # ws_max_size: a Twilio message is a few hundred bytes; uvicorn would read 16 MB ones
+        app = room_app(config, parts=supervisor.status, prompts=prompts)
+        server_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", ws_max_size=64 * 1024)
+        listening = server_config.bind_socket()  # bound before the banner: "Open" is true when it is printed
         print(
             f"\n  Open http://{args.host}:{args.port}/ in a browser, allow the microphone, press Connect\n"
             "  and talk; interrupt the agent whenever you like. Figures per turn appear below and on the page.\n"
             "  Phone: point a Twilio media stream at wss://<public host>/ws (TwiML: pydoc pipelines.pipecat_agent).\n"
-            f"  TTS {os.environ['TTS_URL']}   LLM {os.environ['LLM_BASE_URL']}\n",
+            f"  TTS {config.tts_url}   LLM {config.llm_base_url}   at most {config.room.max_calls} calls at once"
+            f" (STREAMVOX_MAX_CALLS); health: /readyz\n",
             flush=True,
         )
-        import uvicorn
-
-        # ws_max_size: a Twilio message is a few hundred bytes; uvicorn would read 16 MB ones
-        app = room_app(AgentConfig.from_env(bind_host=args.host))
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws_max_size=64 * 1024)
+        uvicorn.Server(server_config).run(sockets=[listening])
     finally:
-        for child in children:
-            child.stop(timeout=5)
+        supervisor.stop(timeout_s=5)
 
 
 if __name__ == "__main__":

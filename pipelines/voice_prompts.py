@@ -31,7 +31,6 @@ class VoicePrompts:
     def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> None:
         self.url, self._api_key, self._timeout_s = url, api_key, timeout_s
         self._clips: dict[tuple[str, int, str], bytes] = {}
-        self._lock = asyncio.Lock()
 
     def cached(self, text: str, fmt: tuple[int, str]) -> bytes | None:
         return self._clips.get((text, *fmt))
@@ -39,10 +38,8 @@ class VoicePrompts:
     async def clip(self, text: str, fmt: tuple[int, str]) -> bytes:
         """The clip, rendered now if it is not cached yet (raises if the server cannot be reached)."""
         key = (text, *fmt)
-        if key not in self._clips:
-            async with self._lock:
-                if key not in self._clips:
-                    self._clips[key] = await asyncio.wait_for(self._render(text, *fmt), self._timeout_s)
+        if key not in self._clips:  # two callers at once may both render it: harmless, and no lock to bind a loop
+            self._clips[key] = await asyncio.wait_for(self._render(text, *fmt), self._timeout_s)
         return self._clips[key]
 
     async def warm(self, items=ALL) -> None:

@@ -87,6 +87,11 @@ class ChildServer:
     ``output``: ``"inherit"`` shows the child's output in this terminal (the demo: a user sees
     the server's own messages), ``"log"`` keeps it in a temporary file that is quoted only if the
     child fails to start (the bench, tests), ``"quiet"`` discards it.
+
+    ``die_with_parent``: the child is killed by the kernel when this process goes, even on
+    SIGKILL (Linux; ``tts_service.die_with_parent``). Start such a child from a thread that lives
+    as long as the process: the kernel ties the signal to the thread that started it. ``args``
+    must then be ``["-m", MODULE, ...]``.
     """
 
     def __init__(
@@ -98,10 +103,14 @@ class ChildServer:
         ready_path: str = "/readyz",
         output: str = "log",
         env: dict[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         if output not in ("inherit", "log", "quiet"):
             raise ValueError(f"output must be 'inherit', 'log' or 'quiet', not {output!r}")
+        if die_with_parent and (len(args) < 2 or args[0] != "-m"):
+            raise ValueError(f"die_with_parent runs a module: args must start with '-m MODULE', not {list(args)!r}")
         self.args = [sys.executable, *args]
+        self.die_with_parent = die_with_parent
         self.what = what
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
@@ -122,13 +131,18 @@ class ChildServer:
         return f"ws://127.0.0.1:{self.port}{P.WS_PATH}"
 
     def spawn(self) -> ChildServer:
-        """Start the process without waiting (several children can load in parallel)."""
+        """Start the process without waiting (several children can load in parallel); again after
+        it exited, to restart it."""
+        self._drop_log()
         if self._output == "log":
             self._log = tempfile.NamedTemporaryFile(prefix="streamvox-child-", suffix=".log", delete=False)
             out: Any = self._log
         else:
             out = None if self._output == "inherit" else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT if out else None, env=self._env)
+        args = self.args
+        if self.die_with_parent:
+            args = [args[0], "-m", "tts_service.die_with_parent", str(os.getpid()), *args[1:]]
+        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT if out else None, env=self._env)
         return self
 
     def wait(self, timeout: float = 180.0) -> ChildServer:
@@ -156,6 +170,9 @@ class ChildServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+        self._drop_log()
+
+    def _drop_log(self) -> None:
         if self._log is not None:
             self._log.close()
             with contextlib.suppress(OSError):

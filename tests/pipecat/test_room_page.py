@@ -17,7 +17,8 @@ def _no_agent(_transport, _phone):
 
 @pytest.fixture
 def client():
-    with TestClient(build_room_app(_no_agent)) as c:
+    # the room answers loopback names only (pipelines.room_limits); TestClient's own is "testserver"
+    with TestClient(build_room_app(_no_agent), base_url="http://localhost") as c:
         yield c
 
 
@@ -43,7 +44,9 @@ def test_bad_signalling_gets_a_reason_not_a_traceback(client) -> None:
     sid = client.post("/start", json={}).json()["sessionId"]
     bad = client.post(f"/sessions/{sid}/api/offer", json={"type": "offer"})  # no sdp
     assert bad.status_code == 400 and "sdp" in bad.json()["error"]
-    assert client.post("/api/offer", content=b"not json").status_code == 400
+    assert client.post("/api/offer", content=b"not json").status_code == 415  # not even labelled JSON
+    labelled = {"Content-Type": "application/json"}
+    assert client.post("/api/offer", content=b"not json", headers=labelled).status_code == 400
     assert client.patch("/api/offer", json=[1, 2]).status_code == 400
     unknown = client.post("/sessions/nope/api/offer", json={"sdp": "", "type": "offer"})
     assert unknown.status_code == 404 and "POST /start" in unknown.json()["error"]
