@@ -23,7 +23,8 @@ Every call is a whole pipeline, so the room treats calls as a bounded resource
 read, an offer is checked before any pipeline is built for it, bodies are capped, at most
 ``max_calls`` calls run at once (more: HTTP 503, or on the phone a short "all lines are busy" and
 a hang-up), and every half-open thing has a deadline: an answered offer whose WebRTC never
-connects, a ``/ws`` that never sends Twilio's ``start``, a ``/start`` session never used.
+connects, a ``/ws`` that never sends Twilio's ``start`` (and at most ``max_waiting_sockets`` such
+at once), a ``/start`` session never used.
 ``GET /healthz`` (the room answers) and ``GET /readyz`` (its parts are up and a line is free) say
 how it stands.
 """
@@ -351,9 +352,16 @@ def build_room_app(
             await _wait_for_mark(websocket, "busy", len(clip) / 8000 + 1.0)
         await websocket.close(code=1013, reason="all lines are busy; try again later")
 
+    waiting = [0]  # /ws sockets that have not sent their `start` yet
+
     @app.websocket("/ws")
     async def phone(websocket: WebSocket) -> None:
+        if waiting[0] >= limits.max_waiting_sockets:  # each one holds a socket and tasks until its deadline
+            log_refusal("a phone socket", f"{waiting[0]} phone sockets already wait for their 'start'")
+            await websocket.close(code=1013, reason="too many sockets waiting; try again later")
+            return
         await websocket.accept()
+        waiting[0] += 1
         try:
             call = await asyncio.wait_for(twilio_start(websocket), limits.ws_start_timeout_s)
         except TimeoutError:
@@ -365,6 +373,8 @@ def build_room_app(
             with contextlib.suppress(RuntimeError):
                 await websocket.close(code=1008, reason=str(exc)[:120])
             return
+        finally:
+            waiting[0] -= 1
         if not lines.take():
             with contextlib.suppress(RuntimeError, OSError):
                 await busy_line(websocket, call)

@@ -61,6 +61,7 @@ class RoomLimits:
     session_ttl_s: float = 300.0  # a /start session unused this long is dropped
     connect_timeout_s: float = 20.0  # an answered offer whose WebRTC has not connected by then is reaped
     ws_start_timeout_s: float = 10.0  # a /ws that has not sent Twilio's `start` by then is closed
+    max_waiting_sockets: int = 64  # /ws sockets waiting for their `start` at once; more are refused
     allowed_hosts: frozenset[str] = LOOPBACK_HOSTS  # "*" in it: any host
     allowed_origins: frozenset[str] = frozenset()
     twilio_auth_token: str | None = None  # set: /ws requires X-Twilio-Signature

@@ -42,7 +42,7 @@ def serve(port: int) -> None:
 
     agents: list = []
     config = AgentConfig(tts_url="ws://127.0.0.1:9/v1/stream", llm_base_url="http://127.0.0.1:9/v1")
-    config.room = RoomLimits(ws_start_timeout_s=2.0)
+    config.room = RoomLimits(ws_start_timeout_s=2.0, max_waiting_sockets=100_000)  # to measure holding them all
     app = room_app(config, on_agent=agents.append)
 
     @app.get("/_probe")

@@ -93,7 +93,14 @@ def test_junk_offers_are_named():
 
 # ---------------------------------------------------------------- the real room
 
-SHORT = RoomLimits(max_calls=1, connect_timeout_s=1.5, ws_start_timeout_s=0.5, max_sessions=8, max_body_bytes=16384)
+SHORT = RoomLimits(
+    max_calls=1,
+    connect_timeout_s=1.5,
+    ws_start_timeout_s=0.5,
+    max_waiting_sockets=20,
+    max_sessions=8,
+    max_body_bytes=16384,
+)
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +174,10 @@ async def test_junk_builds_nothing_and_the_second_call_is_refused(engine):
                         body = await resp.json()
                         assert resp.status == status, (url, kw, body)
                         assert body["error"] and "Traceback" not in body["error"]
-            # idle phone sockets that never say `start`: closed after the deadline
-            idle = [await websockets.connect(ws_url) for _ in range(20)]
+            # idle phone sockets that never say `start`: closed after the deadline; past the cap, refused
+            idle = [await websockets.connect(ws_url) for _ in range(SHORT.max_waiting_sockets)]
+            with pytest.raises(websockets.InvalidStatus):
+                await websockets.connect(ws_url)
             for ws in idle:
                 with pytest.raises(websockets.ConnectionClosed) as closed:
                     await asyncio.wait_for(ws.recv(), 5)
