@@ -63,7 +63,7 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
-from pipelines.call_guard import CallGuard
+from pipelines.pipecat_call_guard import CallGuard
 from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
@@ -222,7 +222,7 @@ def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePr
 
     def make(transport: BaseTransport, phone: bool) -> Agent:
         agent = build_agent(transport, config, phone=phone)
-        # a lost turn is apologised for, and a written-off service gets the next turn (pipelines.call_guard)
+        # a lost turn is apologised for, and a written-off service gets the next turn (pipelines.pipecat_call_guard)
         fmt = PHONE_PCM if phone else WEB_PCM
         agent.worker.add_observer(CallGuard(tts=agent.tts, output=transport.output(), prompts=prompts, fmt=fmt))
         return agent
