@@ -408,6 +408,11 @@ def main(argv: list[str] | None = None) -> None:
             f" (STREAMVOX_MAX_CALLS); health: /readyz\n",
             flush=True,
         )
+        # Ctrl-C: uvicorn shuts down, then re-raises the signal it captured from inside its loop;
+        # with Python's default handler that is a KeyboardInterrupt in the lifespan task (an ERROR
+        # traceback on every stop). Ignoring the re-raised one lets run() return and `finally` stop
+        # the children; uvicorn handles the signal itself while it serves.
+        signal.signal(signal.SIGINT, lambda *_: None)
         uvicorn.Server(server_config).run(sockets=[listening])
     finally:
         supervisor.stop(timeout_s=5)
