@@ -168,7 +168,12 @@ class SelfInterrupted(AssertionError):
     """The agent stopped or answered with the caller silent: what the canceller is for."""
 
 
-@pytest.mark.xfail(raises=SelfInterrupted, strict=False, reason="agent-side echo canceller not yet wired")
+@pytest.mark.xfail(
+    raises=SelfInterrupted,
+    strict=False,
+    reason="the agent cancels its echo on phone calls only by default (on the page it swallowed the"
+    " caller's barge-in: docs/BENCHMARKS.md, 'The agent's echo canceller')",
+)
 def test_on_loudspeakers_the_agent_does_not_interrupt_itself(chromium, plan, demo) -> None:
     browser, driver = chromium
     s = H.run_session(
