@@ -54,6 +54,7 @@ FRAME = RATE // 100  # AEC3 works on 10 ms frames
 _FLOOR_DB = -90.0
 SPREAD = RATE * 120 // 1000  # samples either side of the estimated delay the echo may come from
 MIN_MEASURED = 10  # echo-only frames before the measured ERL/ERLE are trusted
+HISTORY = 50  # delay estimates kept in EchoStats.delay_history
 ABSENT_FRAMES = 150  # 10 ms frames of the bot arriving without an echo located: there is none
 CONVERGED_FRAMES, CONVERGED_DB = 100, 15.0  # 1 s of echo cancelled by this much: AEC3 has converged
 BAND_HZ = (200.0, 3400.0)  # what the delay estimator compares: the band of every path, phones included
@@ -244,10 +245,6 @@ class _Capture:
         self._last_t = t_end
         return round(self.applied * RATE) + self.count - n
 
-    @property
-    def next(self) -> int | None:
-        return None if self.applied is None else round(self.applied * RATE) + self.count
-
 
 class _Resampler:
     """int16 bytes at any rate -> float32 at RATE, streaming (soxr keeps the filter state)."""
@@ -393,6 +390,7 @@ class EchoCanceller:
             self.stats.delay_ms = 1000.0 * delay / RATE
             self.stats.delay_updates += 1
             self.stats.delay_history.append((now / RATE, self.stats.delay_ms, round(confidence, 1)))
+            del self.stats.delay_history[:-HISTORY]  # a long call keeps the last ones
 
     def _retarget(self, delay: int) -> None:
         """Shift the reference only when AEC3 cannot reach the delay from where it is.
@@ -438,7 +436,7 @@ class EchoCanceller:
 
         Until enough echo-only frames are measured (the call's first bot audio, a moved delay) the
         echo is assumed as loud as the bot and not cancelled at all: a caller must then be louder
-        than the bot itself to pass, for the quarter second that takes.
+        than the bot itself to pass, for the first tenth of a second of echo that takes.
         """
         ref_db = self._loudest_db(at)
         if ref_db <= -60.0:
