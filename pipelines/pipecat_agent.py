@@ -399,7 +399,10 @@ def main(argv: list[str] | None = None) -> None:
         # ws_max_size: a Twilio message is a few hundred bytes; uvicorn would read 16 MB ones
         app = room_app(config, parts=supervisor.status, prompts=prompts)
         server_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", ws_max_size=64 * 1024)
-        listening = server_config.bind_socket()  # bound before the banner: "Open" is true when it is printed
+        # bound and listening before the banner, so "Open" is true when it is printed: a bound socket
+        # refuses connections until listen(); with it they wait in the backlog until uvicorn accepts
+        listening = server_config.bind_socket()
+        listening.listen(server_config.backlog)
         print(
             f"\n  Open http://{args.host}:{args.port}/ in a browser, allow the microphone, press Connect\n"
             "  and talk; interrupt the agent whenever you like. Figures per turn appear below and on the page.\n"

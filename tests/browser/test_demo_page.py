@@ -54,6 +54,9 @@ def demo(chromium):
         yield running
 
 
+# timing-sensitive: make test runs these alone, after the rest (pyproject: markers)
+pytestmark = pytest.mark.solo
+
 _words = H.words
 
 
@@ -83,7 +86,10 @@ def test_talk_to_the_demo_in_a_real_browser(chromium, plan, demo) -> None:
     assert greeting is not None, f"no agent audio before the barge-in at {plan.barge_in[0]} s: {page['botSegments']}"
     assert s.mic_t(greeting["start"]) < b.greeting_s
     spoken = page["transcript"][0]
-    assert spoken["who"] == "agent" and _words(spoken["text"])[:2] == ["hello", "i"], page["transcript"]
+    # as many of its words as came before the barge-in (on a loaded CI machine the greeting may
+    # start 0.3 s before it: then "Hello!" alone is right), in order, from its start
+    said = _words(spoken["text"])
+    assert spoken["who"] == "agent" and said and said == _words(GREETING)[: len(said)], page["transcript"]
 
     # talking over it silences it at the page, fast; the server cancelled and got its ack
     barge = s.barge_in()
@@ -170,7 +176,9 @@ class SelfInterrupted(AssertionError):
 
 @pytest.mark.xfail(
     raises=SelfInterrupted,
-    strict=False,
+    # strict: a session with no self-interruption fails it (the echo did not reach the agent, or the
+    # page now cancels it: then this xfail goes)
+    strict=True,
     reason="the agent cancels its echo on phone calls only by default (on the page it swallowed the"
     " caller's barge-in: docs/BENCHMARKS.md, 'The agent's echo canceller')",
 )
