@@ -275,3 +275,122 @@ def check_replies(sink: RecordingAudioOutput, plan: list[bool], *, heard_s: floa
         cleared_at = min(t for t, reply in sink.clears if reply == turn)
         late = [f for f in sink.frames if f.reply == turn and f.at > cleared_at]
         assert not late, f"{what} reply {turn}: {len(late)} frames after clear_buffer()"
+
+
+# ---------------------------------------------------------------- a loudspeaker in a room
+
+
+class Loudspeaker(io.AudioOutput):
+    """A room output's stand-in that plays sample by sample in real time, and can pause (as a room
+    output does): :meth:`take_played` hands over exactly what it played since the last call, so an
+    :class:`EchoMic` can put it back in the caller's microphone.
+
+    Records ``pauses``, ``resumes`` and ``clears`` (monotonic times) and each segment's
+    ``finished`` (position s, interrupted).
+    """
+
+    def __init__(self, sample_rate: int = 24000) -> None:
+        super().__init__(
+            label="loudspeaker", capabilities=io.AudioOutputCapabilities(pause=True), sample_rate=sample_rate
+        )
+        self.rate = sample_rate
+        self.pauses: list[float] = []
+        self.resumes: list[float] = []
+        self.clears: list[float] = []
+        self.finished: list[tuple[float, bool]] = []
+        self.played_s = 0.0  # every segment's audio heard, in all
+        self._buf = np.zeros(0, np.int16)  # this segment's audio
+        self._pos = 0  # samples of it played before ``_run_from``
+        self._taken = 0  # samples of it handed to take_played()
+        self._run_from: float | None = None  # playing since (None: paused or idle)
+        self._started = self._paused = self._flushed = self._interrupted = False
+        self._unclaimed = np.zeros(0, np.int16)  # played by a finished segment, not taken yet
+        self._changed = asyncio.Event()
+        self._playout: asyncio.Task | None = None
+
+    def _position(self) -> int:
+        run = 0 if self._run_from is None else int((time.monotonic() - self._run_from) * self.rate)
+        return min(len(self._buf), self._pos + run)
+
+    def take_played(self) -> np.ndarray:
+        """int16 samples played since the last call."""
+        now = self._position() if self._started else self._taken
+        out = np.concatenate([self._unclaimed, self._buf[self._taken : now]])
+        self._unclaimed, self._taken = np.zeros(0, np.int16), max(self._taken, now)
+        return out
+
+    @property
+    def speaking(self) -> bool:
+        return self._started and not self._paused
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        assert frame.sample_rate == self.rate and frame.num_channels == 1, (frame.sample_rate, frame.num_channels)
+        if not self._started:
+            self._started, self._flushed = True, False
+            self._buf, self._pos, self._taken = np.zeros(0, np.int16), 0, 0
+            self._run_from = None if self._paused else time.monotonic()
+            self.on_playback_started(created_at=time.time())
+        self._buf = np.concatenate([self._buf, np.frombuffer(frame.data, np.int16)])
+        self._changed.set()
+
+    def flush(self) -> None:
+        super().flush()
+        if self._started and (self._playout is None or self._playout.done()):
+            self._flushed = True
+            self._playout = asyncio.create_task(self._play_out())
+
+    def pause(self) -> None:
+        super().pause()
+        if not self._paused:
+            self._pos, self._run_from, self._paused = self._position(), None, True
+            self.pauses.append(time.monotonic())
+            self._changed.set()
+
+    def resume(self) -> None:
+        super().resume()
+        if self._paused:
+            self._paused = False
+            self._run_from = time.monotonic() if self._started else None
+            self.resumes.append(time.monotonic())
+            self._changed.set()
+
+    def clear_buffer(self) -> None:
+        self.clears.append(time.monotonic())
+        if self._started:
+            self._interrupted = True
+            if not self._flushed:  # a clear before the flush ends the segment too
+                self.flush()
+            self._changed.set()
+
+    async def _play_out(self) -> None:
+        while not self._interrupted and self._position() < len(self._buf):
+            self._changed.clear()
+            left = None if self._paused else (len(self._buf) - self._position()) / self.rate
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        played = self._position()
+        self._unclaimed = np.concatenate([self._unclaimed, self._buf[self._taken : played]])
+        self._taken = played
+        interrupted = self._interrupted
+        self.finished.append((played / self.rate, interrupted))
+        self.played_s += played / self.rate
+        self._started = self._interrupted = False
+        self._run_from = None
+        self.on_playback_finished(playback_position=played / self.rate, interrupted=interrupted)
+
+
+class EchoMic(MicInput):
+    """:class:`MicInput` plus the loudspeaker's sound through ``echo`` (a ``support.echo_path.EchoPath``
+    at the mic's rate): what a caller on speakers sends, with the caller's own speech on cue."""
+
+    def __init__(self, speaker: Loudspeaker, echo: Any, sample_rate: int = 24000) -> None:
+        super().__init__(sample_rate)
+        self.speaker, self.echo = speaker, echo
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        frame = await super().__anext__()
+        self.echo.push(self.speaker.take_played())
+        mixed = np.frombuffer(frame.data, np.int16).astype(np.float32) / 32768.0 + self.echo.pull(self._hop)
+        pcm = (np.clip(mixed, -1.0, 1.0) * 32767).astype(np.int16)
+        return rtc.AudioFrame(pcm.tobytes(), self.sample_rate, 1, self._hop)
