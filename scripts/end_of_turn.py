@@ -53,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -242,6 +243,95 @@ async def drive(turn: Turn, stop_secs: float, analyzer, clock: SimClock) -> Outc
     return Outcome(end_s, early, delay, inference, cuts, final_delay)
 
 
+Policy = Callable[[str, float | None, bool], float]  # (transcript, smart-turn p, its verdict) -> wait, s
+
+
+async def drive_judged(
+    turn: Turn, stop_secs: float, analyzer, policy: Policy, transcribe_segment, clock: SimClock
+) -> Outcome:
+    """One turn as a pipeline that waits for the transcript: at each VAD stop the segment since the
+    VAD start (0.5 s before it, as a segmented STT keeps) is transcribed with the real Whisper, the
+    acoustic model (if any) judges the audio so far, and ``policy`` says how much more silence ends
+    the turn. The decision comes no sooner than the transcript and the model's verdict (their
+    measured times are added); the caller's next VAD start withdraws it. Early decisions are counted
+    and the turn followed on, as in :func:`drive`."""
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.audio.vad.vad_analyzer import VADParams, VADState
+
+    vad = SileroVADAnalyzer(sample_rate=RATE, params=VADParams(stop_secs=stop_secs))
+    vad.set_sample_rate(RATE)
+    if analyzer is not None:
+        analyzer.clear()
+    pcm = (np.clip(turn.audio, -1, 1) * 32767).astype("<i2").tobytes()
+    speaking, started_s, text = False, 0.0, ""
+    pending: float | None = None  # when the turn ends unless the caller speaks again
+    inference: list[float] = []
+    decisions: list[float] = []
+    base = clock.now = clock.now + 60.0
+    for offset in range(0, len(pcm) - 2 * CHUNK + 1, 2 * CHUNK):
+        clock.now = base + (offset // 2 + CHUNK) / RATE
+        t = clock.now - base
+        chunk = pcm[offset : offset + 2 * CHUNK]
+        state = await vad.analyze_audio(chunk)
+        if state == VADState.SPEAKING and not speaking:
+            speaking, started_s, pending = True, t, None
+            if analyzer is not None:
+                analyzer.update_vad_start_secs(vad.params.start_secs)
+        elif state == VADState.QUIET and speaking:
+            speaking = False
+            prob, complete, model_s = None, False, 0.0
+            if analyzer is not None:
+                t0 = time.perf_counter()
+                verdict, metrics = await analyzer.analyze_end_of_turn()
+                model_s = time.perf_counter() - t0
+                inference.append(1000 * model_s)
+                prob, complete = getattr(metrics, "probability", None), verdict.name == "COMPLETE"
+            segment = turn.audio[max(0, int((started_s - 0.5) * RATE)) : int(t * RATE)]
+            t0 = time.perf_counter()
+            heard = transcribe_segment(segment)
+            stt_s = time.perf_counter() - t0
+            text = f"{text} {heard}".strip() if heard else text
+            pending = t + max(policy(heard or text, prob, complete), stt_s, model_s)
+        if analyzer is not None:
+            analyzer.append_audio(chunk, speaking)
+        if pending is not None and t >= pending:
+            decisions.append(pending)
+            pending = None
+            if decisions[-1] >= turn.speech_end_s:
+                break
+            if analyzer is not None:
+                analyzer.clear()
+    await vad.cleanup()
+    end_s = decisions[0] if decisions else None
+    early = end_s is not None and end_s < turn.speech_end_s
+    final = [d for d in decisions if d >= turn.speech_end_s]
+    return Outcome(
+        end_s,
+        early,
+        None if end_s is None or early else 1000 * (end_s - turn.speech_end_s),
+        inference,
+        [d for d in decisions if d < turn.speech_end_s],
+        1000 * (final[0] - turn.speech_end_s) if final else None,
+    )
+
+
+def judged_policies(smart_timeout_s: float, stop_secs: float) -> list[tuple[str, bool, Policy]]:
+    """(row name, needs smart-turn, policy): the demo's rule and the alternatives, all waiting for the
+    transcript. The demo's smart-turn ends at a "complete" verdict, else at its silence timeout
+    (counted from the last speech, so ``timeout - stop_secs`` after the VAD stop)."""
+    from pipelines.turn_judge import TurnJudge
+
+    judge, trusting = TurnJudge(), TurnJudge(trust_acoustic=0.95)
+    rest = max(0.0, smart_timeout_s - stop_secs)
+    demo = f"smart-turn v3, timeout {smart_timeout_s:g} s, + transcript (demo)"
+    return [
+        (demo, True, lambda _x, _p, c: 0 if c else rest),
+        (f"fixed silence {judge.sentence_s:g} s after the VAD stop", False, lambda x, p, c: judge.sentence_s),
+        ("transcript + silence (TurnJudge)", False, lambda x, p, c: judge.wait_s(x)),
+        ("TurnJudge + smart-turn p >= 0.95", True, lambda x, p, c: trusting.wait_s(x, p)),
+    ]
+
+
 def cut_pauses(turn: Turn, outcome: Outcome) -> int:
     """How many of the turn's inserted pauses were cut: each early decision belongs to the last
     pause that began before it (a decision that the model's inference time carried into the next
@@ -396,6 +486,12 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subset", help="corpus only: 'smoke' or a voice id")
     parser.add_argument("--path", choices=["clean", "page", "phone"], default="clean", help="corpus only")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--judge",
+        action="store_true",
+        help="also (and at the first --stop-secs only) the decisions that wait for Whisper's transcript:"
+        " the demo's smart-turn rule, a fixed silence and pipelines.turn_judge.TurnJudge",
+    )
     args = parser.parse_args(argv)
     if any(not 0.05 <= s <= 3.0 for s in args.stop_secs + args.smart_timeout):
         parser.error("--stop-secs and --smart-timeout values must be between 0.05 and 3.0 s")
@@ -439,6 +535,21 @@ async def main(argv: list[str] | None = None) -> int:
             print(f"  {name}, stop_secs {stop_secs:g}: done", file=sys.stderr, flush=True)
         if analyzer is not None:
             await analyzer.cleanup()
+    if args.judge:
+        from pipelines.stt import default_model_path, shared_whisper, transcribe
+
+        model = shared_whisper(default_model_path())
+        stop = args.stop_secs[0]
+        smart = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=3.0))  # the policy times out, not it
+        smart.set_sample_rate(RATE)
+        for name, acoustic, policy in judged_policies(demo_timeout, stop):
+            outcomes = [
+                await drive_judged(t, stop, smart if acoustic else None, policy, lambda a: transcribe(model, a), clock)
+                for t in turns
+            ]
+            rows.append(summarise(name, stop, turns, outcomes))
+            print(f"  {name}, stop_secs {stop:g}: done", file=sys.stderr, flush=True)
+        await smart.cleanup()
     print_table(rows, sum(bool(t.pauses) for t in turns))
     print_cuts_table(rows)
     if args.callers == "corpus":

@@ -109,3 +109,27 @@ async def test_every_cut_pause_of_a_corpus_caller_is_counted(eot, tmp_path, monk
     long = await eot.drive(turn, 1.0, None, clock)
     assert not long.early and not long.cuts and eot.cut_pauses(turn, long) == 0
     assert long.final_delay_ms == long.delay_ms
+
+
+async def test_the_transcript_holds_a_pause_that_a_fixed_silence_cuts(eot) -> None:
+    # "My order number is | seven four two nine.": the first segment's transcript stops on "is", so
+    # the judge waits its longest, past the 0.7 s pause; the same silence for every ending (0.6 s)
+    # ends the turn inside the pause. Both decide after the real end once Whisper's text is in.
+    from pipelines.stt import default_model_path, shared_whisper, transcribe
+    from pipelines.turn_judge import TurnJudge
+
+    (turn,) = eot.make_turns([("My order number is | seven four two nine.", [0.7])])
+    model = shared_whisper(default_model_path())
+    heard: list[str] = []
+
+    def stt(audio: np.ndarray) -> str:
+        heard.append(transcribe(model, audio))
+        return heard[-1]
+
+    judge, clock = TurnJudge(), eot.SimClock()
+    judged = await eot.drive_judged(turn, 0.2, None, lambda text, _p, _c: judge.wait_s(text), stt, clock)
+    assert heard and "number is" in heard[0].lower(), heard
+    assert not judged.early and not judged.cuts, (judged, heard)
+    assert 600 <= judged.delay_ms <= 2500, judged  # stop_secs + the judge's wait for a sentence, + Whisper
+    fixed = await eot.drive_judged(turn, 0.2, None, lambda _t, _p, _c: 0.6, stt, clock)
+    assert fixed.early and eot.cut_pauses(turn, fixed) == 1, fixed
