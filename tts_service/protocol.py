@@ -35,6 +35,9 @@ WAV: Final = "wav"
 WS_ENCODINGS: Final = (PCM_S16LE, MULAW)
 HTTP_ENCODINGS: Final = (PCM_S16LE, WAV, MULAW)
 SAMPLE_RATES: Final = (8000, 16000, 22050, 24000, 44100, 48000)
+# A context's speaking rate relative to the voice's own (``start``'s optional ``speed``). The wire
+# takes OpenAI's range; an engine may render a narrower one well (docs/compat.md says Piper's).
+SPEED_RANGE: Final = (0.25, 4.0)
 
 
 class MsgType:
@@ -132,6 +135,7 @@ class ClientMessage:
     sample_rate: int | None = None
     encoding: str | None = None
     pace: bool | None = None
+    speed: float | None = None
     ping_id: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -264,7 +268,20 @@ def _validate(obj: Any, limits: Limits) -> ClientMessage:
         msg.encoding = _opt(obj, "encoding", str, ctx)
         msg.pace = _opt(obj, "pace", bool, ctx)
         validate_format(msg.sample_rate, msg.encoding, WS_ENCODINGS, ctx)
+        msg.speed = validate_speed(obj.get("speed"), ctx)
     return msg
+
+
+def validate_speed(value: Any, ctx: str | None = None) -> float | None:
+    """A ``speed`` as sent (``None``: the voice's own rate), checked against :data:`SPEED_RANGE`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "'speed' must be a number (1.0: the voice's own rate)", ctx)
+    lo, hi = SPEED_RANGE
+    if not lo <= value <= hi:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"'speed' {value} is outside {lo}..{hi}", ctx)
+    return float(value)
 
 
 def validate_format(
@@ -289,6 +306,7 @@ def start(
     encoding: str | None = None,
     pace: bool | None = None,
     text: str | None = None,
+    speed: float | None = None,
 ) -> str:
     obj: dict[str, Any] = {"type": MsgType.START, "context_id": context_id}
     for key, value in (
@@ -296,6 +314,7 @@ def start(
         ("sample_rate", sample_rate),
         ("encoding", encoding),
         ("pace", pace),
+        ("speed", speed),
         ("text", text),
     ):
         if value is not None:

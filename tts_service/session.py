@@ -232,13 +232,17 @@ class ClientSession:
         encoding: str | None = None,
         pace: bool | None = None,
         text: str | None = None,
+        speed: float | None = None,
     ) -> tuple[SessionContext, str]:
         """Register a context and return it with its ``start`` message."""
         if context_id in self._contexts:
             raise SessionError(f"context {context_id!r} is already open on this connection")
         ctx = SessionContext(context_id, owner=owner)
         self._contexts[context_id] = ctx
-        return ctx, P.start(context_id, voice=voice, sample_rate=sample_rate, encoding=encoding, pace=pace, text=text)
+        start = P.start(
+            context_id, voice=voice, sample_rate=sample_rate, encoding=encoding, pace=pace, text=text, speed=speed
+        )
+        return ctx, start
 
     def text(self, ctx: SessionContext, text: str) -> str | None:
         """The ``text`` message, or ``None`` when the context takes no more text (ended, gated, finished)."""

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from . import protocol as P
 from .audio import StreamEncoder
+from .core.engine import UnsupportedSpeed
 from .core.runtime import SynthesizerBase
 from .core.scheduler import Output, Overloaded
 from .protocol import CloseCode, ErrorCode, Limits, MsgType, ProtocolError
@@ -291,7 +292,10 @@ class Connection:
         encoding = msg.encoding or P.PCM_S16LE
         sink = self.sink(ctx_id)
         try:
-            sid = self.synth.open(sink, voice=voice, pace=True if msg.pace is None else msg.pace)
+            speed = 1.0 if msg.speed is None else msg.speed
+            sid = self.synth.open(sink, voice=voice, pace=True if msg.pace is None else msg.pace, speed=speed)
+        except UnsupportedSpeed as exc:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), ctx_id) from None
         except Overloaded as exc:
             self._refuse_open(
                 ErrorCode.OVERLOADED, f"server overloaded: {exc.reason}; retry later", ctx_id, exc.retry_after_ms

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 
+from ..core.engine import nearest_speed
 from ..core.runtime import SynthesizerBase
 from ..session import ClientSession, Event, SessionContext
 from ..ws import YIELD_EVERY, Connection
@@ -134,6 +135,18 @@ class Bridge:
         """Attach the connection to the server (drain notices, cut-off, close) and run its writer."""
         async with self.host.attached(self.conn):
             yield self
+
+
+def foreign_speed(engine: object, value: Any, name: str) -> float | None:
+    """A foreign API's speed multiplier (1.0: the voice's own rate) as the stream's ``speed``, clamped
+    into what the engine renders (:func:`~tts_service.core.engine.nearest_speed`); ``None`` for
+    none or 1.0. Raises ``ValueError`` with the message for the client."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"'{name}' must be a positive number (1.0: the voice's own rate)")
+    speed = nearest_speed(engine, float(value))  # UnsupportedSpeed is a ValueError
+    return None if speed == 1.0 else speed
 
 
 async def read_socket(

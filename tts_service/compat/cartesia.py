@@ -27,7 +27,7 @@ from aiohttp import web
 from .. import protocol as P
 from ..protocol import ErrorCode
 from ..session import Acked, Audio, Done, Event, Failed, SessionContext, Words
-from .bridge import Api, Host
+from .bridge import Api, Host, foreign_speed
 from .sockets import RATES, SocketAdapter, b64, pcm_s16_to_f32, serve_socket
 from .voices import UnknownVoice, VoiceMap
 
@@ -44,6 +44,31 @@ _STATUS = {
     ErrorCode.DRAINING: 503,
     ErrorCode.SHUTTING_DOWN: 503,
 }
+
+
+# Cartesia's older voice control, ``voice.__experimental_controls.speed``: a name, or a number from
+# -1 (slowest) through 0 (normal) to 1 (fastest). Cartesia publishes no rate for them; streamvox
+# reads x as the multiplier 2**x, so the ends are half and twice the voice's rate.
+_NAMED_SPEEDS = {"slowest": -1.0, "slow": -0.5, "normal": 0.0, "fast": 0.5, "fastest": 1.0}
+
+
+def _speed(msg: dict[str, Any]) -> Any:
+    """The multiplier a generation request asks for: ``generation_config.speed`` (sonic-3, a
+    multiplier as sent), else the experimental control mapped as above; ``None`` for neither."""
+    config = msg.get("generation_config")
+    if isinstance(config, dict) and config.get("speed") is not None:
+        return config["speed"]
+    voice = msg.get("voice")
+    controls = voice.get("__experimental_controls") if isinstance(voice, dict) else None
+    value = controls.get("speed") if isinstance(controls, dict) else None
+    value = _NAMED_SPEEDS.get(value, value) if isinstance(value, str) else value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and -1.0 <= value <= 1.0:
+        return 2.0**value
+    if value is not None:
+        raise ValueError(
+            f"voice.__experimental_controls.speed {value!r} is not one of {sorted(_NAMED_SPEEDS)} or a number in -1..1"
+        )
+    return None
 
 
 def http_error(status: int, message: str) -> web.Response:
@@ -125,7 +150,19 @@ class CartesiaSocket(SocketAdapter):
         except UnknownVoice as exc:
             await self.bad_message(str(exc), context_id)
             return None
-        ctx = self.open(context_id, voice=name, sample_rate=rate, encoding=ENCODINGS[encoding], text=transcript or None)
+        try:
+            speed = foreign_speed(self.host.synth.engine, _speed(msg), "generation_config.speed")
+        except ValueError as exc:
+            await self.bad_message(str(exc), context_id)
+            return None
+        ctx = self.open(
+            context_id,
+            voice=name,
+            sample_rate=rate,
+            encoding=ENCODINGS[encoding],
+            speed=speed,
+            text=transcript or None,
+        )
         if ctx is None:
             await self.bad_message(f"context {context_id!r} is still being cancelled; use a new context_id", context_id)
             return None

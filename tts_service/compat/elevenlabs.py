@@ -35,7 +35,7 @@ from aiohttp import web
 from .. import protocol as P
 from ..session import Acked, Audio, Done, Event, Failed, SessionContext, Word, Words
 from . import encode
-from .bridge import Api, Host
+from .bridge import Api, Host, foreign_speed
 from .sockets import RATES, SocketAdapter, b64, serve_socket
 from .voices import UnknownVoice
 
@@ -145,8 +145,23 @@ class ElevenLabsSocket(SocketAdapter):
         if ctx is None:
             if not text:
                 return  # a keep-alive (or a flush) for no live context
+            settings = msg.get("voice_settings")
+            try:
+                speed = foreign_speed(
+                    self.host.synth.engine,
+                    settings.get("speed") if isinstance(settings, dict) else None,
+                    "voice_settings.speed",
+                )
+            except ValueError as exc:
+                await self.bad_message(str(exc), context_id)
+                return
             ctx = self.open(
-                context_id, voice=self.voice, sample_rate=self.fmt.sample_rate, encoding=self.fmt.encoding, text=text
+                context_id,
+                voice=self.voice,
+                sample_rate=self.fmt.sample_rate,
+                encoding=self.fmt.encoding,
+                speed=speed,
+                text=text,
             )
             if ctx is None:
                 await self.bad_message(f"context {context_id!r} is still closing; use a new context_id", context_id)

@@ -26,11 +26,12 @@ from aiohttp import web
 
 from .. import protocol as P
 from ..audio import wav_header
+from ..core.engine import UnsupportedSpeed
 from ..protocol import ErrorCode, ProtocolError
 from ..session import Audio, Done, Failed, Started
 from ..ws import OUTBOX_HIGH_WATER
 from . import encode
-from .bridge import Api, Bridge
+from .bridge import Api, Bridge, foreign_speed
 from .voices import UnknownVoice
 
 log = logging.getLogger(__name__)
@@ -117,10 +118,7 @@ class SpeechRequest:
         speed = _field(body, "speed", (int, float), 1.0)
         if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
             raise _BadRequest(f"speed {speed} is outside {SPEED_RANGE[0]}..{SPEED_RANGE[1]}", "speed")
-        if speed != 1.0:
-            raise _BadRequest(
-                "this server speaks at speed 1.0 only (the voice's own rate); leave 'speed' out", "speed", "unsupported"
-            )
+        self.speed = float(speed)
         _field(body, "instructions", str)  # accepted, and not used: a Piper voice takes no instructions
 
 
@@ -180,6 +178,9 @@ class OpenAISpeech(Api):
             if req.response_format in encode.FORMATS and (why := encode.available()):
                 raise _BadRequest(f"response_format {req.response_format!r}: {why}", "response_format", "unsupported")
             voice = self.voices.resolve(req.voice, self.host.synth.engine.voices)
+            speed = foreign_speed(self.host.synth.engine, req.speed, "speed")
+        except UnsupportedSpeed as exc:
+            return error(400, str(exc), param="speed", code="unsupported")
         except _BadRequest as exc:
             return error(400, str(exc), param=exc.param, code=exc.code)
         except UnknownVoice as exc:
@@ -191,15 +192,23 @@ class OpenAISpeech(Api):
                 code="draining",
                 **{"Retry-After": "1"},
             )
-        return await self._stream(request, req, voice)
+        return await self._stream(request, req, voice, speed)
 
-    async def _stream(self, request: web.Request, req: SpeechRequest, voice: str | None) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, req: SpeechRequest, voice: str | None, speed: float | None
+    ) -> web.StreamResponse:
         events: asyncio.Queue = asyncio.Queue(maxsize=OUTBOX_HIGH_WATER)  # bounded: a slow reader holds the writer
         bridge = Bridge(self.host, events.put, transport=request.transport)
         out: _Body | None = None
         async with bridge.running():
             ctx = bridge.open(
-                "speech", voice=voice, sample_rate=OPENAI_RATE, encoding=P.PCM_S16LE, pace=False, text=req.input
+                "speech",
+                voice=voice,
+                sample_rate=OPENAI_RATE,
+                encoding=P.PCM_S16LE,
+                pace=False,
+                speed=speed,
+                text=req.input,
             )
             bridge.end(ctx)
             first = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)

@@ -22,6 +22,27 @@ class VoiceInfo:
     model: str  # where its weights came from: a file or folder, or "random"
 
 
+class UnsupportedSpeed(ValueError):
+    """A stream asked for a speaking rate its engine cannot render (the message says why)."""
+
+
+def speed_range(engine: object) -> tuple[float, float] | None:
+    """The rates ``engine`` renders, or ``None`` when it speaks at its voices' own rate only."""
+    return getattr(engine, "speed_range", None)
+
+
+def nearest_speed(engine: object, speed: float) -> float:
+    """``speed`` clamped into what ``engine`` renders, for the compatible APIs: their clients may
+    send any rate their API allows, and a nearby rate beats a refusal. Raises
+    :class:`UnsupportedSpeed` for a rate other than 1.0 on an engine without a ``speed_range``."""
+    if speed == 1.0:
+        return speed
+    rates = speed_range(engine)
+    if rates is None:
+        raise UnsupportedSpeed(f"the {type(engine).__name__} speaks at its voices' own rate only; leave 'speed' out")
+    return min(max(speed, rates[0]), rates[1])
+
+
 @runtime_checkable
 class Engine(Protocol):
     """The verbs the runtime and the server call on every engine.
@@ -30,6 +51,10 @@ class Engine(Protocol):
     names); ``resolve`` turns a requested voice (``None``: the default) into a name in ``voices``
     or raises ``KeyError``; ``describe_voices`` is what ``/v1/voices`` lists. An engine may
     subclass this explicitly to inherit ``resolve`` (both of ours do).
+
+    An engine that can change a stream's speaking rate says so with a ``speed_range`` attribute
+    ``(lowest, highest)``; the runtime refuses a rate other than 1.0 on an engine without one
+    (:class:`UnsupportedSpeed`), so a requested rate is never silently ignored.
     """
 
     voices: Mapping[str, Any]

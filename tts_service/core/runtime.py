@@ -30,7 +30,7 @@ from typing import Protocol
 
 from ..metrics import Metrics
 from ..protocol import ErrorCode
-from .engine import Engine
+from .engine import Engine, UnsupportedSpeed, nearest_speed, speed_range
 from .scheduler import Output, StreamScheduler
 
 log = logging.getLogger(__name__)
@@ -98,13 +98,17 @@ class SynthesizerBase:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------ stream verbs
-    def open(self, sink: Sink, *, voice: str | None, pace: bool) -> int:
-        """Admit a stream (raises ``Overloaded`` or ``KeyError`` for an unknown voice)."""
+    def open(self, sink: Sink, *, voice: str | None, pace: bool, speed: float = 1.0) -> int:
+        """Admit a stream (raises ``Overloaded``, ``KeyError`` for an unknown voice, or
+        :class:`UnsupportedSpeed` for a rate the engine cannot render)."""
         name = self.engine.resolve(voice)
+        if nearest_speed(self.engine, speed) != speed:  # (an engine without rates raises there)
+            lo, hi = speed_range(self.engine) or (1.0, 1.0)
+            raise UnsupportedSpeed(f"'speed' {speed} is outside {lo}..{hi}, the rates this server's voices render")
         now = time.monotonic()
         self.scheduler.admit(now)
         sid = next(self._ids)
-        self.scheduler.add(sid, voice=name, pace=pace, now=now)
+        self.scheduler.add(sid, voice=name, pace=pace, now=now, speed=speed)
         self._sinks[sid] = sink
         self._sync_gauges()
         return sid

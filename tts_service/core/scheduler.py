@@ -76,6 +76,7 @@ class StreamState:
     pace: bool
     created: float
     segmenter: Segmenter
+    speed: float = 1.0  # speaking rate relative to the voice's own, fixed at the start
     status: Status = Status.ACTIVE
     segments: deque = field(default_factory=deque)  # the engine's segments, oldest first
     held: deque[Held] = field(default_factory=deque)
@@ -171,11 +172,17 @@ class StreamScheduler:
         )
 
     # ------------------------------------------------------------ transport verbs
-    def add(self, sid: int, *, voice: str, pace: bool, now: float) -> None:
+    def add(self, sid: int, *, voice: str, pace: bool, now: float, speed: float = 1.0) -> None:
         if sid in self._streams:
             raise ValueError(f"stream {sid} already exists")
         self._streams[sid] = self._stream_type(
-            sid=sid, voice=voice, pace=pace, created=now, last_activity=now, segmenter=Segmenter(self.opt.segmenter)
+            sid=sid,
+            voice=voice,
+            pace=pace,
+            created=now,
+            last_activity=now,
+            segmenter=Segmenter(self.opt.segmenter),
+            speed=speed,
         )
         self._order.append(sid)
 

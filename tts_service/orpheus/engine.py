@@ -90,6 +90,10 @@ class _State:
 class OrpheusEngine(Engine):
     """Voices, slots and the model; fits :class:`tts_service.core.engine.Engine`."""
 
+    # The speaking rate is whatever the LLM's audio tokens say; nothing here scales durations, so
+    # a stream asking for another rate is refused (core.runtime) rather than spoken at this one.
+    speed_range: tuple[float, float] | None = None
+
     def __init__(
         self,
         model: Transformer,

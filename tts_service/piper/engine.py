@@ -46,6 +46,9 @@ HOP = 256  # audio samples per latent frame in Piper's VITS voices
 # may then hold MIN_SPAN - right-context frames of audio for the price of a 6-frame one.
 MIN_SPAN = 65
 DEFAULT_GAIN = 1.5  # raw peaks sit near 0.5-0.7; piper normalises per sentence, which needs the whole sentence
+# Speaking rates a stream may ask for (``start``'s ``speed``): where the rendered length follows
+# the rate and Whisper still hears the words (measured, docs/BENCHMARKS.md "Speaking rate").
+SPEED_RANGE = (0.5, 2.0)
 _WARM_UP_FIRST = "Warming up the voice, one two three."  # as long as a typical first segment
 _WARM_UP_TEXT = "Thanks for waiting: we are almost ready to talk, and the voice sounds fine."
 _WORD_RE = re.compile(r"\S+")
@@ -93,6 +96,8 @@ class _Voice:
 
 class PiperEngine(Engine):
     """Loads Piper voices split for streaming and runs their two parts."""
+
+    speed_range: tuple[float, float] | None = SPEED_RANGE
 
     def __init__(
         self,
@@ -284,9 +289,13 @@ class PiperEngine(Engine):
         return self._ort.RunOptions()
 
     def prepare(
-        self, text: str, voice: str | None = None, run_options=None, *, urgent: bool = False
+        self, text: str, voice: str | None = None, run_options=None, *, urgent: bool = False, speed: float = 1.0
     ) -> Prepared | None:
         """Front part for one segment; ``None`` when the text has nothing to speak.
+
+        ``speed``: the speaking rate relative to the voice's own; it divides the voice's length
+        scale, which only the duration predictor reads, so a stream's rate is fixed in its
+        prepared frames and the decoder (batched across streams) never sees it.
 
         ``urgent``: the listener is waiting for this segment's first audio (a stream's start-up):
         run it on all intra-op threads. Segments prepared ahead run on one: under outside load
@@ -301,20 +310,24 @@ class PiperEngine(Engine):
         if not any(p not in _NON_SOUNDS and p != " " for p in phonemes):
             return None
         front = v.front_urgent if urgent else v.front
-        z, durations = front.run([DEC_IN, DURATIONS], self._feed(v, phonemes), run_options)
+        z, durations = front.run([DEC_IN, DURATIONS], self._feed(v, phonemes, speed), run_options)
         durations = durations.reshape(-1)
         words = self._word_times(v, text, phonemes, durations)
         return Prepared(text=text, z=z.astype(np.float32, copy=False), words=words, voice=name)
 
     @staticmethod
-    def _feed(v: _Voice, phonemes: list[str]) -> dict[str, np.ndarray]:
+    def _feed(v: _Voice, phonemes: list[str], speed: float = 1.0) -> dict[str, np.ndarray]:
         x = np.asarray([_phonemes_to_ids(phonemes, v.id_map)], dtype=np.int64)
-        return {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": v.scales}
+        scales = v.scales
+        if speed != 1.0:  # scales is one [3] vector per call (not per row): the front part runs one segment a call
+            scales = scales.copy()
+            scales[1] = scales[1] / speed
+        return {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64), "scales": scales}
 
-    def front_feed(self, text: str, voice: str | None = None) -> dict[str, np.ndarray]:
+    def front_feed(self, text: str, voice: str | None = None, speed: float = 1.0) -> dict[str, np.ndarray]:
         """The front part's inputs for ``text`` (benchmarks run the part alone)."""
         v = self.voices[self.resolve(voice)]
-        return self._feed(v, [p for p in self._phonemize(v, text) if p in v.id_map])
+        return self._feed(v, [p for p in self._phonemize(v, text) if p in v.id_map], speed)
 
     def _word_times(
         self, v: _Voice, text: str, phonemes: list[str], durations: np.ndarray

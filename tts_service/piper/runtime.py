@@ -96,7 +96,7 @@ class Synthesizer(SynthesizerBase):
         fresh: dict[int, Prepared | BaseException | None] = {}
         for job in batch.preps:
             try:
-                p = self.engine.prepare(job.segment.text, job.voice, run_options, urgent=job.urgent)
+                p = self.engine.prepare(job.segment.text, job.voice, run_options, urgent=job.urgent, speed=job.speed)
             except Exception as exc:
                 if not getattr(run_options, "terminate", False):
                     log.exception("front part failed for %r", job.segment.text[:60])

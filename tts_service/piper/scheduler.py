@@ -102,6 +102,7 @@ class PrepJob:
     segment: _Segment
     voice: str
     urgent: bool = False  # a start-up: the listener waits for it (the engine may spend more CPU)
+    speed: float = 1.0  # the stream's speaking rate (the front part's length scale divides by it)
 
 
 @dataclass(slots=True)
@@ -264,7 +265,7 @@ class Scheduler(StreamScheduler):
             s.in_flight = True
             if seg.prepared is None:
                 seg.prepping = True
-                preps.append(PrepJob(s.sid, seg, s.voice, urgent=rank == 0 or lead <= 0.0))
+                preps.append(PrepJob(s.sid, seg, s.voice, urgent=rank == 0 or lead <= 0.0, speed=s.speed))
             windows.append(WindowJob(s.sid, seg, seg.cursor, size))
         return Batch(preps, windows)
 
