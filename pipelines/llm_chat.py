@@ -28,6 +28,9 @@ import torch
 
 from .llm_model import Llama
 
+PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds attention memory; a stop is seen between chunks
+MIN_FOLLOW = 16  # cached tokens worth moving (see ChatEngine._follow_trim); fewer are simply re-read
+
 
 class ChatTokenizer:
     """``encode_chat(messages)`` -> prompt token ids with the generation prompt, as transformers does."""
@@ -114,6 +117,8 @@ class TurnStats:
     decode_s: float = 0.0
     finish_reason: str = "stop"
     slot: int = 0
+    moved_tokens: int = 0  # cached tokens moved to earlier positions because the history lost its oldest part
+    dropped_tokens: int = 0  # cached tokens that part held
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +134,15 @@ class ChatEngine:
     """Generates from token prompts on a :class:`Llama`, keeping each conversation's cache in a slot.
 
     Not thread-safe by design: callers serialise requests (one model, two cores).
+
+    ``follow_trims``: when a conversation comes back with its oldest turns dropped (its history
+    outgrew the cache), move the cached rest into place (:meth:`Llama.shift`) instead of
+    re-reading it. Off: the trimmed history is re-read, and the reply equals a fresh recompute.
     """
 
-    def __init__(self, model: Llama) -> None:
+    def __init__(self, model: Llama, *, follow_trims: bool = True) -> None:
         self.model = model
+        self.follow_trims = follow_trims
         self.slots = [_Slot() for _ in range(model.slots)]
         self.last = TurnStats()
 
@@ -141,7 +151,35 @@ class ChatEngine:
         for s in self.slots:
             s.ids, s.prompt_len, s.used = [], 0, 0.0
 
-    def _place(self, prompt: list[int]) -> tuple[int, int]:
+    def _follow_trim(self, prompt: list[int], matches: list[int]) -> tuple[int, int, int] | None:
+        """(slot, reused tokens, dropped tokens) when ``prompt`` is a slot's conversation with a
+        span cut out after the common prefix, the cache moved to match; else None.
+
+        The new prompt must hold, after the cut, everything up to the end of the slot's last
+        prompt (the same conversation, the reply kept or re-tokenised): a span found in some
+        other conversation is not moved.
+        """
+        found = None  # (reused, slot, source position, length)
+        for i, s in enumerate(self.slots):
+            n = matches[i]
+            if n >= len(prompt) or n >= s.prompt_len:
+                continue  # nothing cut: the ordinary path
+            first = prompt[n]
+            for b in range(n + 1, min(s.prompt_len, len(s.ids))):
+                if s.ids[b] != first:
+                    continue
+                k = common_prefix(s.ids[b:], prompt[n:])
+                if k >= MIN_FOLLOW and b + k >= s.prompt_len and (found is None or n + k > found[0]):
+                    found = (n + k, i, b, k)
+        if found is None:
+            return None
+        reused, i, b, k = found
+        n = reused - k
+        self.model.shift(i, b, n, k)
+        self.slots[i].ids = prompt[:reused]
+        return i, reused, b - n
+
+    def _place(self, prompt: list[int], matches: list[int]) -> tuple[int, int]:
         """(slot, tokens of ``prompt`` already cached there), copying a shared prefix when branching.
 
         The slot with the longest common prefix continues in place when the new prompt holds
@@ -151,7 +189,6 @@ class ChatEngine:
         other slot, with the shared prefix's keys/values copied over (a copy, not a recompute),
         so the first conversation's cache survives.
         """
-        matches = [common_prefix(s.ids, prompt) for s in self.slots]
         best = max(range(len(self.slots)), key=lambda i: (matches[i], self.slots[i].used))
         n = matches[best]
         others = [i for i in range(len(self.slots)) if i != best or n == 0]
@@ -180,18 +217,30 @@ class ChatEngine:
         budget = m.max_len - len(prompt)
         if budget < 1:
             raise ValueError(f"the prompt has {len(prompt)} tokens; this model's cache holds {m.max_len}")
-        slot_i, reused = self._place(prompt)
+        matches = [common_prefix(s.ids, prompt) for s in self.slots]
+        followed = self._follow_trim(prompt, matches) if self.follow_trims else None
+        if followed is not None:
+            slot_i, reused, dropped = followed
+            moved = reused - matches[slot_i]
+        else:
+            (slot_i, reused), moved, dropped = self._place(prompt, matches), 0, 0
         slot = self.slots[slot_i]
         reused = min(reused, len(prompt) - 1)  # the last prompt token must run: its logits pick the first reply token
         stats = self.last = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused, slot=slot_i)
+        stats.moved_tokens, stats.dropped_tokens = moved, dropped
         slot.ids = prompt[:reused]  # what stays valid whatever happens below
         slot.prompt_len, slot.used = len(prompt), time.monotonic()
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         seen = torch.zeros(m.cfg.vocab_size, dtype=torch.bool)
         seen[torch.tensor(prompt)] = True
         t0 = time.perf_counter()
-        logits = m.forward(prompt[reused:], slot_i, reused)
-        slot.ids = list(prompt)
+        for pos in range(reused, len(prompt), PREFILL_CHUNK):
+            if pos > reused and stop is not None and stop.is_set():
+                stats.prefill_s, stats.finish_reason = time.perf_counter() - t0, "stop"
+                return
+            end = min(pos + PREFILL_CHUNK, len(prompt))
+            logits = m.forward(prompt[pos:end], slot_i, pos)
+            slot.ids = prompt[:end]
         stats.prefill_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         limit = min(sampling.max_tokens, budget)

@@ -16,7 +16,8 @@ from the same file): it is the reference the tests compare with transformers, no
 KV cache: allocated once per slot at ``[kv_heads, max_len, head_dim]`` per layer and written by
 position, so a conversation keeps its keys/values between requests and a new turn only runs its
 new tokens (:meth:`Llama.forward` with ``start`` = the cached length). Several slots let a few
-conversations keep their caches at once.
+conversations keep their caches at once. :meth:`Llama.shift` moves a cached span to an earlier
+position (re-rotating its keys), so a conversation that drops its oldest turns keeps the rest.
 
 Layouts follow HF transformers: GGUF stores q/k rows permuted for llama.cpp's interleaved RoPE;
 the loader undoes that permutation (a row reordering, so 4-bit blocks stay intact) and the model
@@ -369,8 +370,10 @@ class Llama:
         self.layers = [Layer(tensors, i) for i in range(cfg.n_layers)]
         self.slots, self.max_len = slots, min(max_len, cfg.max_position)
         shape = (slots, cfg.n_kv_heads, self.max_len, cfg.head_dim)
-        self.cache_k = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
-        self.cache_v = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
+        # ``empty``, not ``zeros``: a position is always written before it is read, and untouched
+        # pages of a large allocation cost no memory, so a long context costs only what it holds.
+        self.cache_k = [torch.empty(shape, dtype=self.dtype) for _ in self.layers]
+        self.cache_v = [torch.empty(shape, dtype=self.dtype) for _ in self.layers]
         d = cfg.head_dim
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(self.max_len, dtype=torch.float32), inv)
@@ -432,6 +435,27 @@ class Llama:
         if self.head_q is None:
             return F.linear(last, self.embed)[0]
         return self._head(last)
+
+    @torch.inference_mode()
+    def shift(self, slot: int, src: int, dst: int, n: int) -> None:
+        """Move cached positions ``src..src+n`` of ``slot`` to ``dst..dst+n`` (``dst < src``).
+
+        What lets a conversation drop old turns without re-reading the rest: a key is stored
+        rotated by its absolute position (RoPE), and rotations compose, so rotating the stored
+        key back by ``src - dst`` positions gives the key at its new position; values carry no
+        position. Layer 0's keys come out as a fresh prefill's would; deeper layers keep what
+        the moved tokens saw when they were first read (the dropped turns included), as
+        llama.cpp's context shift does. Cost: one pass over the moved part of the cache.
+        """
+        if not 0 <= dst < src or src + n > self.max_len or n < 1:
+            raise ValueError(f"cannot move {n} cached positions from {src} to {dst} in a {self.max_len}-token cache")
+        delta = src - dst
+        cos = self.cos[delta].float()  # [1, hd]: the angle of ``delta`` positions, per frequency
+        sin = self.sin[delta].float()
+        for ck, cv in zip(self.cache_k, self.cache_v, strict=True):
+            k = ck[slot, :, src : src + n].float()  # [KV, n, hd]; a copy, so overlapping ranges are safe
+            ck[slot, :, dst : dst + n] = (k * cos - _rotate_half(k) * sin).to(self.dtype)  # rotate by -delta
+            cv[slot, :, dst : dst + n] = cv[slot, :, src : src + n].clone()
 
     def _head(self, last: Tensor) -> Tensor:
         """Logits from the int8 head, the best ``REFINE`` of them recomputed in float32.

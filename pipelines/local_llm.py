@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ MODEL_ENV = "LLM_MODEL_PATH"
 CACHE_VERSION = "v3"  # bump when the cached tensors' layout changes
 # End-of-turn tokens of common chat templates; the ones in the vocabulary stop generation.
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
-TRIM_STEP = 8  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit)
+TRIM_STEP = 4  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit_prompt)
+TRIMS = ("shift", "reread")  # how the cache follows a trimmed history (see LocalLLM)
 
 
 class LLMLoadError(Exception):
@@ -56,6 +58,14 @@ class LLMLoadError(Exception):
 
 class PromptTooLong(ValueError):
     """Even the last message alone does not fit the model's cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class FittedPrompt:
+    """A request's prompt as the model will read it: token ids, and how many old messages it lost."""
+
+    ids: list[int]
+    dropped: int = 0
 
 
 def bundled_gguf() -> Path:
@@ -98,7 +108,13 @@ class LocalLLM:
     ``threads``: torch intra-op threads for generation. The default is 1: the demo shares two
     cores with Whisper and the TTS server, and with 2 threads decoding collapses whenever
     another process holds a core (see docs/BENCHMARKS.md, "local LLM").
-    ``slots``: conversations whose KV caches are kept at once; ``max_len``: tokens per slot.
+    ``slots``: conversations whose KV caches are kept at once; ``max_len``: tokens per slot
+    (default: the model's own context, from the GGUF's or config's metadata).
+    ``trim``: what happens when a history outgrows the cache and loses its oldest messages.
+    ``shift`` (default): the cached rest moves into place (:meth:`Llama.shift`) and the turn
+    reads only its new tokens; the kept turns' deeper layers still carry a trace of what they
+    saw first, so the reply may differ from a fresh read. ``reread``: the trimmed history is
+    read again (exact, but seconds of dead air at a few thousand tokens).
     """
 
     def __init__(
@@ -108,16 +124,20 @@ class LocalLLM:
         threads: int | None = None,
         precision: str = "int4",
         slots: int = 4,
-        max_len: int = 2048,
+        max_len: int | None = None,
+        trim: str = "shift",
     ) -> None:
+        if trim not in TRIMS:
+            raise ValueError(f"trim {trim!r}: use one of {', '.join(TRIMS)}")
         self.source = Path(model_path or os.environ.get(MODEL_ENV) or bundled_gguf()).expanduser()
         self.threads = threads or 1
-        self.precision, self.slots, self.max_len = precision, slots, max_len
+        self.precision, self.slots, self.max_len, self.trim = precision, slots, max_len, trim
         self.name = self.source.stem if self.source.is_file() else self.source.name
         self.engine = None
         self.tokenizer = None
         self.folder: Path | None = None
         self._lock = threading.Lock()
+        self._told: dict[int, int] = {}  # slot -> messages dropped that were already logged
 
     # ------------------------------------------------------------------ loading
     def load(self, progress: Callable[[str], Any] = print) -> None:
@@ -139,12 +159,16 @@ class LocalLLM:
                 raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
             self.tokenizer = _chat_tokenizer(folder)
             self.folder = folder  # where the tokenizer (and for a GGUF, the prepared weights) are
-            model = Llama(cfg, tensors, slots=self.slots, max_len=self.max_len)
+            model = Llama(cfg, tensors, slots=self.slots, max_len=self.max_len or cfg.max_position)
         except (ModelFormatError, OSError, ValueError, KeyError) as exc:
             raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None
-        self.engine = ChatEngine(model)
+        self.max_len = model.max_len
+        self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._warm_up()
-        progress(f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s ({self.precision}, {self.threads} thread)")
+        progress(
+            f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s "
+            f"({self.precision}, {self.threads} thread, {self.max_len}-token context)"
+        )
 
     def _from_gguf(self, progress):
         from safetensors.torch import load_file, save_file
@@ -192,18 +216,22 @@ class LocalLLM:
 
     # ------------------------------------------------------------------ generation
     def fit(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
-        """The prompt's token ids; a history too long for the cache loses its oldest messages.
+        """The prompt's token ids (see :meth:`fit_prompt`)."""
+        return self.fit_prompt(messages, max_tokens).ids
+
+    def fit_prompt(self, messages: list[dict[str, Any]], max_tokens: int) -> FittedPrompt:
+        """The prompt the model reads; a history too long for the cache loses its oldest messages.
 
         System messages and the last message stay. The number dropped is rounded up to a
-        multiple of ``TRIM_STEP``: dropping just enough at every turn would shift the prompt's
-        start each time, and each turn would pre-fill the whole history again (seconds at this
-        length) instead of its new tokens.
+        multiple of ``TRIM_STEP``, so that the window moves every few turns, not at every one:
+        each move costs a pass over the cache (``trim="shift"``) or a re-read of the whole
+        window (``"reread"``). Blocking (seconds for a huge request): call it off the event loop.
         """
         model = self.engine.model
         room = model.max_len - min(max_tokens, model.max_len // 4)
         ids = self.tokenizer.encode_chat(messages)
         if len(ids) <= room:
-            return ids
+            return FittedPrompt(ids)
         droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
 
         def without(k: int) -> list[int]:
@@ -216,7 +244,8 @@ class LocalLLM:
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if len(without(mid)) <= room else (mid + 1, hi)
-        return without(min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable)))
+        dropped = min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable))
+        return FittedPrompt(without(dropped), dropped)
 
     def stream(
         self,
@@ -227,10 +256,12 @@ class LocalLLM:
         stop: threading.Event,
         emit: Callable[[str], Any],
         seed: int | None = None,
-    ) -> tuple[int, int, str]:
+        prompt: FittedPrompt | None = None,
+    ) -> tuple[int, int, str, int]:
         """Generate (blocking; run in a thread); ``emit(text)`` per decoded piece.
 
-        Returns (prompt tokens, completion tokens, finish reason).
+        ``prompt``: :meth:`fit_prompt`'s result for ``messages`` when the caller has it already.
+        Returns (prompt tokens, completion tokens, finish reason, prompt tokens from the cache).
         """
         import torch
 
@@ -239,15 +270,16 @@ class LocalLLM:
         if self.engine is None:
             raise RuntimeError("call load() first")
         sampling = Sampling(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        fitted = prompt or self.fit_prompt(messages, max_tokens)
         with self._lock:
-            ids = self.fit(messages, max_tokens)
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
             decoder = self.tokenizer.decoder()
-            for token in self.engine.generate(ids, sampling, eos_ids=self.tokenizer.eos_ids, stop=stop):
+            for token in self.engine.generate(fitted.ids, sampling, eos_ids=self.tokenizer.eos_ids, stop=stop):
                 piece = decoder.push(token)
                 if piece:
                     emit(piece)
             last = self.engine.last
+            self._tell_trim(fitted, last)
         log.debug(
             "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",
             last.prompt_tokens,
@@ -258,7 +290,28 @@ class LocalLLM:
             last.decode_s * 1000,
             last.finish_reason,
         )
-        return last.prompt_tokens, last.completion_tokens, last.finish_reason
+        return last.prompt_tokens, last.completion_tokens, last.finish_reason, last.reused_tokens
+
+    def _tell_trim(self, fitted: FittedPrompt, last: Any) -> None:
+        """One log line when a conversation's window moves: the model no longer sees its start."""
+        if self._told.get(last.slot, 0) == fitted.dropped:
+            return
+        self._told[last.slot] = fitted.dropped
+        if not fitted.dropped:
+            return
+        how = (
+            f"{last.moved_tokens} cached tokens moved, {last.prompt_tokens - last.reused_tokens} read"
+            if last.moved_tokens
+            else f"{last.prompt_tokens - last.reused_tokens} tokens re-read"
+        )
+        log.info(
+            "a conversation outgrew the %d-token context: its oldest %d messages are dropped, the model no "
+            "longer sees them (%d tokens kept; %s)",
+            self.max_len,
+            fitted.dropped,
+            last.prompt_tokens,
+            how,
+        )
 
     async def astream(
         self,
@@ -268,11 +321,12 @@ class LocalLLM:
         temperature: float = 0.0,
         seed: int | None = None,
         info: dict[str, Any] | None = None,
+        prompt: FittedPrompt | None = None,
     ) -> AsyncIterator[str]:
         """Async text stream; closing the iterator stops generation at the next token.
 
-        ``info``, when given, receives ``prompt_tokens``, ``completion_tokens`` and
-        ``finish_reason`` once the stream has ended.
+        ``info``, when given, receives ``prompt_tokens``, ``completion_tokens``,
+        ``finish_reason`` and ``cached_tokens`` once the stream has ended.
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
@@ -286,10 +340,12 @@ class LocalLLM:
                     temperature=temperature,
                     stop=stop,
                     seed=seed,
+                    prompt=prompt,
                     emit=lambda t: loop.call_soon_threadsafe(queue.put_nowait, t),
                 )
                 if info is not None:
-                    info.update(zip(("prompt_tokens", "completion_tokens", "finish_reason"), result, strict=True))
+                    keys = ("prompt_tokens", "completion_tokens", "finish_reason", "cached_tokens")
+                    info.update(zip(keys, result, strict=True))
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except BaseException as exc:  # delivered to the consumer, not lost in the thread
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
@@ -373,19 +429,31 @@ def _request_args(body: Any) -> tuple[list[dict[str, str]], dict[str, Any]] | st
 def build_app(llm: LocalLLM) -> web.Application:
     """``POST /v1/chat/completions`` (streaming SSE or JSON), ``GET /v1/models``, ``GET /healthz``."""
 
-    async def completions(request: web.Request) -> web.StreamResponse:
+    def read(raw: bytes) -> tuple[Any, list[dict[str, str]], dict[str, Any], FittedPrompt] | str:
+        """Parse, validate and tokenise a request: the reason it is invalid, or what to generate from.
+
+        Runs in a worker thread: a long history takes a while to decode and tokenise, and on
+        the event loop it would hold up every other request, health checks included.
+        """
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
-            return _bad(400, "body must be JSON")
+            return "body must be JSON"
         parsed = _request_args(body)
         if isinstance(parsed, str):
-            return _bad(400, parsed)
+            return parsed
         msgs, options = parsed
-        try:
-            llm.fit(msgs, options["max_tokens"])  # too long or a template error: a 400 before any token
+        try:  # too long or a template error: a 400 before any token
+            return body, msgs, options, llm.fit_prompt(msgs, options["max_tokens"])
         except ValueError as exc:
-            return _bad(400, str(exc))
+            return str(exc)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        parsed = await asyncio.get_running_loop().run_in_executor(None, read, await request.read())
+        if isinstance(parsed, str):
+            return _bad(400, parsed)
+        body, msgs, options, prompt = parsed
+        options["prompt"] = prompt
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
         info: dict[str, Any] = {}
         if not body.get("stream"):
@@ -455,9 +523,12 @@ def build_app(llm: LocalLLM) -> web.Application:
     return app
 
 
-def _usage(info: dict[str, Any]) -> dict[str, int]:
-    usage = {k: int(info.get(k, 0)) for k in ("prompt_tokens", "completion_tokens")}
-    return {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+def _usage(info: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens this turn did not have to read."""
+    usage: dict[str, Any] = {k: int(info.get(k, 0)) for k in ("prompt_tokens", "completion_tokens")}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    usage["prompt_tokens_details"] = {"cached_tokens": int(info.get("cached_tokens", 0))}
+    return usage
 
 
 def _text_of(content: Any) -> str:
@@ -481,7 +552,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads for generation (default 1)")
     parser.add_argument("--precision", choices=("int4", "fp32"), default="int4")
     parser.add_argument("--slots", type=int, default=4, help="conversations whose KV caches are kept (default 4)")
-    parser.add_argument("--max-len", type=int, default=2048, help="tokens per conversation cache (default 2048)")
+    parser.add_argument(
+        "--max-len", type=int, default=None, help="tokens per conversation cache (default: the model's context)"
+    )
+    parser.add_argument(
+        "--trim",
+        choices=TRIMS,
+        default="shift",
+        help="a history past the cache loses its oldest messages; shift (default): the cache follows, "
+        "reread: the rest is read again (exact, slow)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log each request's prefill and decode figures")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -489,7 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         log.setLevel(logging.DEBUG)
     try:
         llm = LocalLLM(
-            args.model, threads=args.threads, precision=args.precision, slots=args.slots, max_len=args.max_len
+            args.model,
+            threads=args.threads,
+            precision=args.precision,
+            slots=args.slots,
+            max_len=args.max_len,
+            trim=args.trim,
         )
         llm.load()
     except LLMLoadError as exc:

@@ -291,3 +291,52 @@ def test_two_calls_sharing_a_long_system_prompt_keep_their_own_caches(llm: Local
         _reply(eng, llm, calls[name])
         first_prompt = len(llm.tokenizer.encode_chat(calls[name][:2]))
         assert eng.last.reused_tokens > first_prompt, name  # its whole first turn came from its slot
+
+
+def test_a_shifted_cache_holds_the_keys_a_fresh_read_would(llm: LocalLLM, fp32: ChatEngine) -> None:
+    """``Llama.shift`` re-rotates moved keys: at layer 0 (whose keys depend only on the token and
+    its position) the moved span equals a fresh prefill of the shortened sequence."""
+    m = fp32.model
+    tok = llm.tokenizer
+    head = tok.encode_chat([SYSTEM])[:-3]  # the system turn, without the generation prompt
+    dropped = tok.encode_chat([{"role": "user", "content": "Where is my order? " * 5}])[:-3]
+    kept = tok.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    fp32.reset()
+    m.forward(head + dropped + kept, 0, 0)
+    m.shift(0, len(head) + len(dropped), len(head), len(kept))
+    m.forward(head + kept, 1, 0)
+    n = len(head) + len(kept)
+    k0, v0 = m.cache_k[0], m.cache_v[0]
+    assert torch.allclose(k0[0, :, :n], k0[1, :, :n], atol=1e-4), (k0[0, :, :n] - k0[1, :, :n]).abs().max()
+    assert torch.equal(v0[0, :, :n], v0[1, :, :n])
+    with pytest.raises(ValueError, match="cannot move"):
+        m.shift(0, 10, 20, 5)  # only towards the start
+
+
+def test_the_engine_follows_a_trimmed_conversation(llm: LocalLLM) -> None:
+    """A conversation back with its oldest exchange cut out: the engine moves its cache and
+    reads only the new turn; with ``follow_trims`` off it reads the trimmed history again."""
+    eng, decode = llm.engine, llm.tokenizer.tokenizer.decode
+    history = [SYSTEM]
+    for ask in ("Where is my order?", "When will it arrive?", "Can I change the address?"):
+        history.append({"role": "user", "content": ask})
+        history.append({"role": "assistant", "content": decode(_reply(eng, llm, history))})
+    trimmed = [SYSTEM, *history[3:], {"role": "user", "content": "Thanks, bye."}]
+    ids = llm.tokenizer.encode_chat(trimmed)
+    for follow in (True, False):
+        eng.reset()
+        _reply(eng, llm, history[:-1])  # the cache holds the last turn's prompt and reply
+        eng.follow_trims = follow
+        try:
+            reply = _reply(eng, llm, trimmed)
+        finally:
+            eng.follow_trims = True
+        stats = eng.last
+        assert reply and stats.prompt_tokens == len(ids)
+        if follow:
+            assert stats.moved_tokens > 40 and stats.dropped_tokens > 10, stats
+            assert stats.prompt_tokens - stats.reused_tokens < 20, stats  # only "Thanks, bye." and its frame
+            slot = eng.slots[stats.slot]
+            assert slot.ids[: len(ids)] == ids
+        else:
+            assert stats.moved_tokens == 0 and stats.reused_tokens < stats.prompt_tokens // 2, stats
