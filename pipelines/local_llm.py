@@ -11,6 +11,14 @@ llama-cpp-python has no wheel here (it compiles for ~9 minutes) and transformers
 is several times slower on 2 cores; figures and the command that measures them are in
 docs/BENCHMARKS.md (``scripts/llm_bench.py``).
 
+Long calls: each conversation's cache holds the model's own context (``--max-len``, default
+from the model's metadata: 8,192 tokens for SmolLM2). A history that outgrows it loses its oldest
+messages (system messages and the last one stay), a few at a time, and the server logs one INFO
+line ("a conversation outgrew the N-token context: its oldest K messages are dropped ...") each
+time the window moves. The cache follows the cut (``--trim shift``, see :class:`LocalLLM`), so
+such a turn still reads only its new tokens. Requests are parsed and tokenised in a worker
+thread and the model runs in one, so ``/healthz`` answers while a long prompt is being read.
+
 The first start reads the GGUF, packs its weights for torch's int4 kernel and converts its
 tokenizer (with transformers, once); the result is cached in ``~/.cache/streamvox/llm/`` so later
 starts only read one safetensors file.
