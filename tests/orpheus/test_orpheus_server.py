@@ -111,3 +111,10 @@ async def test_a_failing_tick_becomes_an_error_of_its_streams(engine, monkeypatc
         await ctx2.send_text("This works.")
         await ctx2.end()
         assert len(await ctx2.collect()) > 0
+
+
+async def test_a_speaking_rate_is_refused_not_ignored(engine):
+    """Orpheus speaks at its model's rate: a context asking for another gets ``bad_request``."""
+    async with serving(engine) as (url, _http), TTSClient(url) as client:
+        with pytest.raises(TTSError, match="own rate"):
+            await client.open(speed=1.5, text="Hi.")
