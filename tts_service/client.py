@@ -561,20 +561,29 @@ class TTSClient:
         text: str | None = None,
         context_id: str | None = None,
         wait: bool = True,
+        speed: float | None = None,
     ) -> TTSContext:
         """Start a context; by default wait for the server's ``started`` (or its error).
 
         ``wait=False`` returns as soon as ``start`` is sent, saving a round trip before the next
         ``send_text``: a refusal (``overloaded``, ``unknown_voice``) then surfaces when the
         context is iterated. ``sample_rate`` and ``stream`` are known once ``started`` arrived,
-        which is always before the first frame.
+        which is always before the first frame. ``speed``: the context's speaking rate (1.0: the
+        voice's own; a rate the server's voices cannot render is refused with ``bad_request``).
 
         With several replicas and ``wait=True``, a refusal for lack of room (``overloaded``,
         ``draining``) is retried at once on another replica (nothing was spoken, so nothing is
         replayed); the refusing replica is backed off.
         """
         ctx_id = context_id or f"c{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        opts = {"voice": voice, "sample_rate": sample_rate, "encoding": encoding, "pace": pace, "text": text}
+        opts = {
+            "voice": voice,
+            "sample_rate": sample_rate,
+            "encoding": encoding,
+            "pace": pace,
+            "text": text,
+            "speed": speed,
+        }
         refusals = 0
         while True:
             try:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, raw_connection, running_server
 from tts_service import protocol as P
+from tts_service.client import AudioFrame, TTSClient
 from tts_service.piper.engine import SPEED_RANGE, PiperEngine, Window
 from tts_service.piper.scheduler import SchedulerOptions
 
@@ -82,6 +83,16 @@ async def test_stream_start_takes_a_speed_and_refuses_bad_ones(live: RunningServ
             err = await conn.expect(P.MsgType.ERROR, context_id=f"bad{i}")
             assert err["code"] == P.ErrorCode.BAD_REQUEST and "speed" in err["message"], err
         await conn.ping_pong()  # the connection goes on
+
+
+async def test_the_client_opens_a_context_at_a_rate(live: RunningServer) -> None:
+    async with TTSClient(live.ws_url) as client:
+        lengths = []
+        for speed in (None, 2.0):
+            ctx = await client.open(pace=False, speed=speed, text=TEXT)
+            await ctx.end()
+            lengths.append(sum([item.duration_s async for item in ctx if isinstance(item, AudioFrame)]))
+    assert lengths[1] < FASTER * lengths[0], lengths
 
 
 def test_rows_of_different_rates_in_one_decoder_batch_do_not_mix(engine: PiperEngine) -> None:
@@ -172,22 +183,3 @@ async def test_elevenlabs_voice_settings_speed(live: RunningServer) -> None:
         _eleven_seconds(live, {"stability": 0.5}), _eleven_seconds(live, {"speed": 2.0})
     )
     assert fast < FASTER * normal, (fast, normal)
-
-
-async def test_an_engine_without_rates_refuses_one() -> None:
-    """Orpheus speaks at its model's rate: a stream asking for another is refused, not ignored."""
-    pytest.importorskip("torch")
-    pytest.importorskip("snac")
-    from tests.tts_service.tts_helpers import on_loopback
-    from tts_service.orpheus.runtime import OrpheusSynthesizer
-    from tts_service.orpheus.scheduler import OrpheusOptions
-    from tts_service.orpheus.serve import build_engine
-    from tts_service.server import Server
-
-    engine = build_engine(random_weights="tiny", device="cpu", max_slots=1, max_len=64, progress=lambda *_: None)
-    server = Server(OrpheusSynthesizer(engine, options=OrpheusOptions(capacity=1000.0)))
-    async with on_loopback(server.app) as (ws_url, _http), raw_connection(ws_url) as conn:
-        await conn.send(P.start("o", text="Hi.", speed=1.5))
-        err = await conn.expect(P.MsgType.ERROR, context_id="o")
-        assert err["code"] == P.ErrorCode.BAD_REQUEST and "own rate" in err["message"], err
-        await conn.ping_pong()
