@@ -45,6 +45,25 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
         help="read the API key from this file (a mounted secret; default: $STREAMVOX_API_KEY_FILE)",
     )
     p.add_argument(
+        "--admin-key",
+        default=os.environ.get("STREAMVOX_ADMIN_KEY"),
+        help="the key /v1/admin/* (drain) requires, distinct from the API key (default: $STREAMVOX_ADMIN_KEY; "
+        "unset: admin endpoints off); prefer --admin-key-file or the variable",
+    )
+    p.add_argument(
+        "--admin-key-file",
+        default=os.environ.get("STREAMVOX_ADMIN_KEY_FILE"),
+        metavar="PATH",
+        help="read the admin key from this file (default: $STREAMVOX_ADMIN_KEY_FILE)",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=os.environ.get("STREAMVOX_ACCESS_LOG", "") not in ("", "0"),
+        help="log one line per request (logger streamvox.access; ?token= and ?api_key= values redacted; "
+        "default off, env STREAMVOX_ACCESS_LOG=1)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=float(os.environ.get("STREAMVOX_DRAIN_TIMEOUT", 30)),
@@ -162,15 +181,27 @@ def load_engine(voice_paths: list[str], *, device: str = "cpu", threads: int | N
         raise CliError(str(exc)) from None
 
 
-def _api_key(args: argparse.Namespace) -> str | None:
-    if not args.api_key_file:
-        return args.api_key or None
+def _key(value: str | None, path: str | None, flag: str) -> str | None:
+    """A key given directly or (preferred: out of the process list) in a file, ``flag`` its option."""
+    if not path:
+        return value or None
     try:
-        key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        key = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise CliError(f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}") from None
+        raise CliError(f"cannot read {flag} {path}: {exc.strerror}") from None
     if not key:
-        raise CliError(f"--api-key-file {args.api_key_file} is empty; put the key in it")
+        raise CliError(f"{flag} {path} is empty; put the key in it")
+    return key
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    return _key(args.api_key, args.api_key_file, "--api-key-file")
+
+
+def _admin_key(args: argparse.Namespace, api_key: str | None) -> str | None:
+    key = _key(args.admin_key, args.admin_key_file, "--admin-key-file")
+    if key and key == api_key:
+        raise CliError("the admin key must differ from the API key: every client holds the API key")
     return key
 
 
@@ -183,6 +214,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         raise CliError("--drain-timeout must be >= 0 seconds")
     api_key = _api_key(args)
+    admin_key = _admin_key(args, api_key)
     try:
         voice_map = parse_voice_map(args.voice_map, strict=args.strict_voices)
     except VoiceMapError as exc:
@@ -205,6 +237,8 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         api_key=api_key,
+        admin_key=admin_key,
+        access_log=args.access_log,
         limits=P.Limits(max_contexts=args.max_contexts),
         drain_timeout_s=args.drain_timeout,
         voice_map=voice_map,

@@ -3,11 +3,12 @@
 The WebSocket connection itself (contexts, tombstones, the bounded outbox) is
 :mod:`tts_service.ws`. This module builds the application around one synthesizer (any engine's
 :class:`~tts_service.core.runtime.SynthesizerBase`):
-routes, the API key, HTTP one-shot streams, health and load, and the *drain* that a SIGTERM
-(or ``POST /v1/admin/drain``) starts: readiness 503 at once, an in-band ``draining`` notice on
-every connection, new contexts refused, live ones finished within ``drain_timeout_s``, then an
-explicit ``shutting_down`` error for whatever is still live and a 1001 close. A load balancer
-gets its drain phase and no client mistakes a cut-off for a finished utterance.
+routes, the API key and the separate admin key, the access log (keys redacted), HTTP one-shot
+streams, health and load, and the *drain* that a SIGTERM (or ``POST /v1/admin/drain``) starts:
+readiness 503 at once, an in-band ``draining`` notice on every connection, new contexts refused,
+live ones finished within ``drain_timeout_s``, then an explicit ``shutting_down`` error for
+whatever is still live and a 1001 close. A load balancer gets its drain phase and no client
+mistakes a cut-off for a finished utterance.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 from aiohttp import WSMsgType, web
+from aiohttp.abc import AbstractAccessLogger
 
 from . import compat
 from . import protocol as P
@@ -34,16 +37,22 @@ from .protocol import CloseCode, ErrorCode, Limits, ProtocolError
 from .ws import OUTBOX_HIGH_WATER, YIELD_EVERY, Connection
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("streamvox.access")
 _Connection = Connection  # the name tests (and older code) patch
 DRAIN_RETRY_AFTER_MS = 1000  # what a draining server tells refused clients: go elsewhere, soon
 HTTP_CHUNK_TIMEOUT_S = 60.0  # a one-shot stream whose next audio takes longer than this is ended
+ADMIN_PREFIX = "/v1/admin/"  # guarded by the admin key alone, never by the client key
+KEY_PARAMS = frozenset({"token", "api_key"})  # query parameters that carry a key (browsers, Cartesia)
+ADMIN_KEY_HOWTO = "--admin-key-file PATH, $STREAMVOX_ADMIN_KEY_FILE or $STREAMVOX_ADMIN_KEY"
 
 
 @dataclass(slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = P.DEFAULT_PORT
-    api_key: str | None = None
+    api_key: str | None = None  # the clients' key: /v1/* and /tts/*
+    admin_key: str | None = None  # /v1/admin/* only; None: the admin endpoints are off
+    access_log: bool = False  # one line per request on the 'streamvox.access' logger, keys redacted
     limits: Limits = field(default_factory=Limits)
     drain_timeout_s: float = 30.0  # how long live contexts may take to finish after SIGTERM
     voice_map: compat.VoiceMap = field(default_factory=compat.VoiceMap)  # the compatible APIs' voice names
@@ -81,6 +90,41 @@ def _bearer(header: str) -> str | None:
     """The token of an ``Authorization: Bearer X`` header; the scheme is case-insensitive (RFC 9110)."""
     scheme, _, token = header.strip().partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _same(given: str, key: str) -> bool:
+    return hmac.compare_digest(given.encode(), key.encode())
+
+
+def redact_query(path_qs: str) -> str:
+    """``path_qs`` with the value of every key-carrying parameter (``?token=``, ``?api_key=``)
+    replaced by ``***``: a browser's WebSocket cannot set a header, so its key travels in the
+    URL, and an access log must not keep it."""
+    path, sep, query = path_qs.partition("?")
+    if not sep:
+        return path_qs
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if not any(k.lower() in KEY_PARAMS for k, _ in pairs):
+        return path_qs
+    return f"{path}?" + urlencode([(k, "***" if k.lower() in KEY_PARAMS else v) for k, v in pairs], safe="*")
+
+
+class RedactingAccessLogger(AbstractAccessLogger):
+    """aiohttp's access log, but the request line goes through :func:`redact_query` and no header
+    is written (``Authorization`` and the compatible APIs' key headers stay out)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        version = f"HTTP/{request.version.major}.{request.version.minor}"
+        self.logger.info(
+            '%s "%s %s %s" %d %d %.3f',
+            request.remote or "-",
+            request.method,
+            redact_query(request.path_qs),
+            version,
+            response.status,
+            response.body_length,
+            time,
+        )
 
 
 class _WebSocket(web.WebSocketResponse):
@@ -153,18 +197,50 @@ class Server:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
+        if request.path.startswith(ADMIN_PREFIX):
+            refusal = self._admin_refusal(request)
+            return refusal if refusal is not None else await handler(request)
         key = self.config.api_key
         if key and request.path.startswith(compat.GUARDED_PREFIXES):
             given = _bearer(request.headers.get("Authorization", ""))
             if given is None:
                 given = compat.api_key_of(request) or request.query.get("token", "")
-            if not hmac.compare_digest(given.encode(), key.encode()):
+            if not _same(given, key):
                 return compat.unauthorized(request) or _http_error(
                     401,
                     ErrorCode.UNAUTHORIZED,
                     "missing or wrong API key: send 'Authorization: Bearer KEY' or ?token=KEY",
                 )
         return await handler(request)
+
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        """``None`` when the request carries the admin key in its ``Authorization`` header.
+
+        The client key never opens an admin endpoint (every agent holds it), and the admin key is
+        taken from the header only: a URL ends up in proxies' logs and browser histories."""
+        admin = self.config.admin_key
+        if not admin:
+            return _http_error(
+                403,
+                ErrorCode.UNAUTHORIZED,
+                f"admin endpoints are off: start the server with an admin key ({ADMIN_KEY_HOWTO}), "
+                "separate from the client API key",
+            )
+        given = _bearer(request.headers.get("Authorization", "")) or ""
+        if given and _same(given, admin):
+            return None
+        client = self.config.api_key
+        if given and client and _same(given, client):
+            return _http_error(
+                403,
+                ErrorCode.UNAUTHORIZED,
+                "this is the client API key; admin endpoints need the admin key ('Authorization: Bearer ADMIN_KEY')",
+            )
+        if not given and any(k.lower() in KEY_PARAMS for k in request.query):
+            message = "the admin key is taken from the 'Authorization: Bearer ADMIN_KEY' header only, never the URL"
+        else:
+            message = "missing or wrong admin key: send 'Authorization: Bearer ADMIN_KEY'"
+        return _http_error(401, ErrorCode.UNAUTHORIZED, message)
 
     # -- drain
     def start_drain(self, timeout_s: float | None = None) -> asyncio.Task:
@@ -220,11 +296,8 @@ class Server:
         await asyncio.gather(*(conn.wait_closed() for conn in conns))
 
     async def admin_drain(self, request: web.Request) -> web.Response:
-        """``POST /v1/admin/drain`` (API key required): start the SIGTERM drain from outside."""
-        if not self.config.api_key:
-            return _http_error(
-                403, ErrorCode.UNAUTHORIZED, "admin endpoints are off: start the server with an API key to use them"
-            )
+        """``POST /v1/admin/drain`` (admin key required, see ``_admin_refusal``): start the SIGTERM
+        drain from outside."""
         timeout_s = None
         if request.can_read_body:
             try:
@@ -461,7 +534,12 @@ async def run(server: Server, *, host: str, port: int) -> None:
     """Serve until drained: the first SIGTERM/SIGINT (or ``POST /v1/admin/drain``) drains, a
     second signal stops at once. (``web.run_app`` would close every stream the instant the
     signal came, and then wait 60 s for an HTTP stream it had already starved.)"""
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    logs = (
+        {"access_log_class": RedactingAccessLogger, "access_log": access_log}
+        if server.config.access_log
+        else {"access_log": None}
+    )
+    runner = web.AppRunner(server.app, handle_signals=False, shutdown_timeout=2.0, **logs)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -487,4 +565,4 @@ async def run(server: Server, *, host: str, port: int) -> None:
         await runner.cleanup()
 
 
-__all__ = ["Server", "ServerConfig", "build_app", "run"]
+__all__ = ["RedactingAccessLogger", "Server", "ServerConfig", "build_app", "redact_query", "run"]

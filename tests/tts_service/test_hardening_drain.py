@@ -4,7 +4,7 @@ timeout, then an explicit ``shutting_down`` error and a 1001 close; an HTTP stre
 deadline is truncated so the client can tell; a second SIGTERM stops at once.
 
 The signal tests run the real ``streamvox serve`` in a subprocess; the admin endpoint
-(issue 14) is tested in-process.
+(issue 14; its own key since issue 22, see test_admin_key.py) is tested in-process.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ LONG = (
     "and waited patiently for the tide to turn, hoping for a good catch and a calm evening."
 )
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN_KEY = "drain-admin-key"  # issue 22: the admin endpoints take their own key, not API_KEY
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @contextlib.asynccontextmanager
@@ -163,8 +165,8 @@ async def test_second_sigterm_stops_at_once_and_the_key_comes_from_a_file(tmp_pa
     assert rc == 0
 
 
-async def test_admin_drain_needs_the_key_and_runs_the_same_drain(engine: PiperEngine) -> None:
-    config = ServerConfig(api_key=API_KEY, drain_timeout_s=30.0)
+async def test_admin_drain_needs_the_admin_key_and_runs_the_same_drain(engine: PiperEngine) -> None:
+    config = ServerConfig(api_key=API_KEY, admin_key=ADMIN_KEY, drain_timeout_s=30.0)
     async with (
         running_server(engine, config=config) as srv,
         raw_connection(srv.ws_url, headers=AUTH) as conn,
@@ -173,14 +175,16 @@ async def test_admin_drain_needs_the_key_and_runs_the_same_drain(engine: PiperEn
         drain_url = srv.http_url + P.ADMIN_DRAIN_PATH
         async with session.post(drain_url) as resp:
             assert resp.status == 401
-        async with session.post(drain_url, headers=AUTH, json={"timeout_s": "soon"}) as resp:
+        async with session.post(drain_url, headers=AUTH) as resp:  # the client key is not enough
+            assert resp.status == 403
+        async with session.post(drain_url, headers=ADMIN, json={"timeout_s": "soon"}) as resp:
             assert resp.status == 400
         assert not srv.server.draining
         await conn.send(P.start("idle", pace=True))  # never gets text: live until the deadline
         await conn.expect(MsgType.STARTED, context_id="idle")
         await conn.send(P.start("talk", text="Just a moment.", pace=False))  # finishes well within the drain
         await conn.send(P.end("talk"))
-        async with session.post(drain_url, headers=AUTH, json={"timeout_s": 4}) as resp:
+        async with session.post(drain_url, headers=ADMIN, json={"timeout_s": 4}) as resp:
             assert resp.status == 202
             body = await resp.json()
         assert body["draining"] is True and 0 < body["deadline_ms"] <= 4000 and body["active_streams"] == 2
@@ -201,16 +205,23 @@ async def test_admin_drain_needs_the_key_and_runs_the_same_drain(engine: PiperEn
         assert srv.synth.scheduler.active == 0
 
 
-async def test_admin_drain_is_off_without_an_api_key(engine: PiperEngine) -> None:
+async def test_admin_drain_is_off_without_an_admin_key(engine: PiperEngine) -> None:
     async with running_server(engine) as srv, aiohttp.ClientSession() as session:
         async with session.post(srv.http_url + P.ADMIN_DRAIN_PATH) as resp:
-            assert resp.status == 403 and "API key" in (await resp.json())["error"]["message"]
+            assert resp.status == 403 and "admin key" in (await resp.json())["error"]["message"]
         assert not srv.server.draining
 
 
 @pytest.fixture(autouse=True)
 def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # the subprocess must not inherit a drain timeout or key from the developer's shell
-    for name in ("STREAMVOX_DRAIN_TIMEOUT", "STREAMVOX_API_KEY", "STREAMVOX_API_KEY_FILE"):
+    for name in (
+        "STREAMVOX_DRAIN_TIMEOUT",
+        "STREAMVOX_API_KEY",
+        "STREAMVOX_API_KEY_FILE",
+        "STREAMVOX_ADMIN_KEY",
+        "STREAMVOX_ADMIN_KEY_FILE",
+        "STREAMVOX_ACCESS_LOG",
+    ):
         monkeypatch.delenv(name, raising=False)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
