@@ -52,14 +52,14 @@ audio-deps:
 	  echo "make test: espeak-ng not installed; the caller-corpus tests will skip" >&2
 
 # Two runs: everything but the `solo` tests on $(TEST_WORKERS) workers (one file per worker at a
-# time: a file's servers and fixtures stay together), then the `solo` ones (the real browser, whose
+# time: a file's servers and fixtures stay together), then the `solo` ones (the real browser and the speakerphone echo, whose
 # bounds are about what a caller hears) with the machine to themselves. Both run; either fails it.
 TEST_WORKERS ?= 2
 test: $(STAMP) browser-deps haproxy-deps audio-deps
 	$(PY) -m ruff check .
 	@rc=0; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not solo" || rc=$$?; \
-	echo "make test: the solo tests (a real browser), alone on the machine ..."; \
+	echo "make test: the solo tests (a real browser, the speakerphone echo), alone on the machine ..."; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m solo || rc=$$?; \
 	exit $$rc
 

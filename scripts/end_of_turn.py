@@ -234,6 +234,11 @@ async def drive(turn: Turn, stop_secs: float, analyzer, clock: SimClock) -> Outc
             if analyzer is not None:
                 analyzer.clear()
     await vad.cleanup()
+    return _outcome(turn, decisions, inference)
+
+
+def _outcome(turn: Turn, decisions: list[float], inference: list[float]) -> Outcome:
+    """The turn's figures from every end-of-turn decision made in it (s from its start)."""
     end_s = decisions[0] if decisions else None
     early = end_s is not None and end_s < turn.speech_end_s
     delay = None if end_s is None or early else 1000 * (end_s - turn.speech_end_s)
@@ -302,17 +307,7 @@ async def drive_judged(
             if analyzer is not None:
                 analyzer.clear()
     await vad.cleanup()
-    end_s = decisions[0] if decisions else None
-    early = end_s is not None and end_s < turn.speech_end_s
-    final = [d for d in decisions if d >= turn.speech_end_s]
-    return Outcome(
-        end_s,
-        early,
-        None if end_s is None or early else 1000 * (end_s - turn.speech_end_s),
-        inference,
-        [d for d in decisions if d < turn.speech_end_s],
-        1000 * (final[0] - turn.speech_end_s) if final else None,
-    )
+    return _outcome(turn, decisions, inference)
 
 
 def judged_policies(smart_timeout_s: float, stop_secs: float) -> list[tuple[str, bool, Policy]]:

@@ -408,6 +408,16 @@ def _ulaw_to_linear(payload: bytes) -> bytes:
     return audioop.ulaw2lin(payload, 2)
 
 
+def voiced(event: dict, threshold: float = 0.01) -> bool:
+    """A Twilio ``media`` event whose audio is louder than ``threshold`` RMS (full scale 1.0): the agent
+    speaking, not the line's silence."""
+    import audioop
+
+    if event["event"] != "media":
+        return False
+    return audioop.rms(_ulaw_to_linear(base64.b64decode(event["media"]["payload"])), 2) / 32768.0 > threshold
+
+
 def _mulaw_mix(chunk: bytes, echo) -> bytes:
     """A mu-law chunk with ``echo`` (float32, full scale 1.0, same length) added, clipped as a phone would."""
     import audioop

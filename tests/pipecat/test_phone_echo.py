@@ -21,7 +21,7 @@ import pytest
 import websockets
 
 from support.echo_path import EchoPath, Room
-from tests.pipecat.harness import TwilioCaller, counting_server, fake_llm, first_time, room_server, speech
+from tests.pipecat.harness import TwilioCaller, counting_server, fake_llm, first_time, room_server, speech, voiced
 
 GREETING = (
     "Hello, and welcome to the travel desk! I can help you plan a trip by train, by bus or by plane, "
@@ -30,23 +30,13 @@ GREETING = (
 QUESTION = "Can you tell me the capital of Italy?"
 
 
-def _voiced(ev: dict) -> bool:
-    import audioop
-    import base64
-
-    if ev["event"] != "media":
-        return False
-    pcm = audioop.ulaw2lin(base64.b64decode(ev["media"]["payload"]), 2)
-    return audioop.rms(pcm, 2) / 32768.0 > 0.01
-
-
 def _timeline(events: list[tuple[float, dict]], t0: float) -> str:
     """Voiced runs and clears, in seconds from ``t0``: what the assertion messages show."""
     out, run = [], None
     for t, ev in events:
         if ev["event"] == "clear":
             out.append(f"clear@{t - t0:.2f}")
-        elif _voiced(ev):
+        elif voiced(ev):
             run = [t, t] if run is None or t - run[1] > 0.3 else [run[0], t]
             if out and out[-1].startswith("voiced") and run[0] != t:
                 out.pop()
@@ -54,6 +44,10 @@ def _timeline(events: list[tuple[float, dict]], t0: float) -> str:
     return ", ".join(out)
 
 
+# solo: under CPU load (load average 6-7 on 2 cores) the greeting reached the phone in bursts and the
+# agent stopped itself in three runs of three (docs/BENCHMARKS.md, "On the phone line"): a weakness
+# of the canceller under load that issue 18 keeps open; make test runs this check alone
+@pytest.mark.solo
 @pytest.mark.slow
 # PHONE_ECHO_DB=-6,0 (and STREAMVOX_ECHO_CANCEL=off for the before) repeats it as a measurement;
 # each call prints one summary line (pytest -s): docs/BENCHMARKS.md "Echo on the phone line"
@@ -80,11 +74,11 @@ async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None
                 tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
                 try:
                     events = caller.events
-                    first = await first_time(events, lambda t, ev: _voiced(ev), 30, "the greeting")
+                    first = await first_time(events, lambda t, ev: voiced(ev), 30, "the greeting")
                     # the greeting plays out: 1 s without a voiced packet after it started
                     deadline = time.monotonic() + 30
                     while time.monotonic() < deadline:
-                        last = max((t for t, ev in events if _voiced(ev)), default=first)
+                        last = max((t for t, ev in events if voiced(ev)), default=first)
                         if time.monotonic() - last > 1.0:
                             break
                         await asyncio.sleep(0.1)
@@ -92,7 +86,7 @@ async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None
                     asked = time.monotonic()
                     caller.outgoing.put_nowait(question)
                     await first_time(
-                        events, lambda t, ev: t > asked + 0.5 and _voiced(ev), 30, "the answer to the question"
+                        events, lambda t, ev: t > asked + 0.5 and voiced(ev), 30, "the answer to the question"
                     )
                 finally:
                     for task in tasks:

@@ -10,7 +10,6 @@ socket; the LLM is the scripted one behind a TCP relay that can cut it off (a de
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import os
 import signal
@@ -24,7 +23,7 @@ import aiohttp
 import pytest
 
 from pipelines.supervisor import Supervisor
-from tests.pipecat.harness import TwilioCaller, first_time
+from tests.pipecat.harness import TwilioCaller, first_time, voiced
 from tts_service.localproc import ChildServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,17 +166,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "HF_HUB_OFFLINE": "1", **extra}
 
 
-def _voiced(ev: dict) -> bool:
-    import audioop  # deprecated in 3.13, fine for a test on 3.11
-
-    if ev["event"] != "media":
-        return False
-    return audioop.rms(audioop.ulaw2lin(base64.b64decode(ev["media"]["payload"]), 2), 2) / 32768.0 > 0.01
-
-
 def _voiced_s(caller: TwilioCaller, since: float) -> float:
     """Seconds of voiced audio the caller received after ``since``."""
-    return sum(len(ev["media"]["payload"]) * 3 / 4 / 8000 for t, ev in caller.events if t > since and _voiced(ev))
+    return sum(len(ev["media"]["payload"]) * 3 / 4 / 8000 for t, ev in caller.events if t > since and voiced(ev))
 
 
 async def ask(caller: TwilioCaller, question: bytes, what: str, timeout: float = 30) -> tuple[float, float]:
@@ -187,8 +178,8 @@ async def ask(caller: TwilioCaller, question: bytes, what: str, timeout: float =
     while caller.speech_end < put_at:
         await asyncio.sleep(0.02)
     ended = caller.speech_end
-    heard = await first_time(caller.events, lambda t, ev: t > ended and _voiced(ev), timeout, what)
-    while time.monotonic() - max(t for t, ev in caller.events if _voiced(ev)) < 1.5:
+    heard = await first_time(caller.events, lambda t, ev: t > ended and voiced(ev), timeout, what)
+    while time.monotonic() - max(t for t, ev in caller.events if voiced(ev)) < 1.5:
         await asyncio.sleep(0.1)
     return ended, heard
 
@@ -288,7 +279,7 @@ async def test_the_launcher_restarts_a_killed_tts_child_and_the_call_hears_why_i
                 await asyncio.sleep(1.0)
                 put_at = time.monotonic()
                 caller.outgoing.put_nowait(question)
-                await first_time(caller.events, lambda t, ev: t > put_at + 1 and _voiced(ev), 30, "the first answer")
+                await first_time(caller.events, lambda t, ev: t > put_at + 1 and voiced(ev), 30, "the first answer")
                 await asyncio.sleep(1.0)  # mid-answer (the reply is ~10 s long) ...
                 os.kill(tts, signal.SIGKILL)  # ... the TTS server dies
                 killed_at = time.monotonic()
@@ -303,7 +294,7 @@ async def test_the_launcher_restarts_a_killed_tts_child_and_the_call_hears_why_i
                 back_at = time.monotonic()
                 assert seen_down and resp.status == 200, body
                 assert _gone(tts) and not _exists(tts), "the killed TTS child is left a zombie"
-                while time.monotonic() - max(t for t, ev in caller.events if _voiced(ev)) < 1.0:
+                while time.monotonic() - max(t for t, ev in caller.events if voiced(ev)) < 1.0:
                     await asyncio.sleep(0.1)
                 tts_apology_s = _voiced_s(caller, killed_at)
 
