@@ -1,5 +1,6 @@
 """deploy/ checked without a cluster: every manifest parses and validates against the Kubernetes
-schemas, and agrees with the server it deploys (routes, ports, CLI arguments, metric names, drain).
+schemas, and agrees with the server it deploys (routes, ports, CLI arguments, metric names, drain,
+the keys it reads); the server is not open by default (a required key Secret, a NetworkPolicy).
 
 The server side of each check is real: probe paths are requested from a running server, the
 container arguments go through the real ``streamvox`` argument parser, metric names are read from
@@ -27,7 +28,8 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 DEPLOYMENTS = ("deployment.yaml", "deployment-gpu.yaml")
 DEFAULT_DRAIN_S = 30.0  # issue 13: --drain-timeout defaults to 30 s
-BUILTIN_GROUPS = ("v1", "apps/v1", "policy/v1", "autoscaling/v2")
+BUILTIN_GROUPS = ("v1", "apps/v1", "policy/v1", "autoscaling/v2", "networking.k8s.io/v1")
+CLIENT_LABEL = "streamvox.io/client"  # the label networkpolicy.yaml lets in
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
@@ -229,3 +231,56 @@ def test_haproxy_config_is_valid_and_matches_the_agent_and_the_server() -> None:
         pytest.skip("haproxy is not installed (apt-get install haproxy): the syntax check `haproxy -c` was not run")
     out = subprocess.run([haproxy, "-c", "-f", str(DEPLOY / "haproxy" / "haproxy.cfg")], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _secret_env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """env name -> its ``secretKeyRef``, for the variables that come from a Secret."""
+    return {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_the_client_key_is_required_and_the_admin_key_has_its_own_secret(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    container = _container(_one(name, "Deployment"))
+    refs = _secret_env(container)
+    client, admin = refs["STREAMVOX_API_KEY"], refs["STREAMVOX_ADMIN_KEY"]
+    assert client.get("optional", False) is False, "without its Secret the pod must not start (no open server)"
+    assert admin["name"] != client["name"], "the agents read the client key's Secret: the admin key is elsewhere"
+    # the variables are the ones the real parser reads
+    monkeypatch.setenv("STREAMVOX_API_KEY", "client-key")
+    monkeypatch.setenv("STREAMVOX_ADMIN_KEY", "admin-key")
+    args = _serve_args(container)
+    assert (args.api_key, args.admin_key) == ("client-key", "admin-key")
+    assert "--api-key" not in container["args"] and "--admin-key" not in container["args"]  # no key in argv
+
+
+def test_the_documented_secret_commands_create_what_the_pods_read() -> None:
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    documented = set(re.findall(r"kubectl create secret generic (\S+) --from-literal=([\w-]+)=\$\(openssl rand", docs))
+    for name in DEPLOYMENTS:
+        refs = _secret_env(_container(_one(name, "Deployment")))
+        assert {(r["name"], r["key"]) for r in refs.values()} <= documented, (refs, documented)
+
+
+def test_a_network_policy_admits_only_labelled_clients_and_prometheus() -> None:
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert "networkpolicy.yaml" in kust["resources"]
+    policy = _one("networkpolicy.yaml", "NetworkPolicy")
+    spec = policy["spec"]
+    assert "Ingress" in spec["policyTypes"]
+    for name in DEPLOYMENTS:
+        dep = _one(name, "Deployment")
+        assert _matches(spec["podSelector"]["matchLabels"], _pod(dep)["metadata"]["labels"])
+        port_names = {p["name"] for p in _container(dep)["ports"]}
+        for rule in spec["ingress"]:
+            assert rule["ports"] and all(p["port"] in port_names for p in rule["ports"]), rule
+    peers = [peer for rule in spec["ingress"] for peer in rule["from"]]
+    assert all(peer.get("podSelector", {}).get("matchLabels") for peer in peers), "no rule may admit every pod"
+    assert {CLIENT_LABEL: "true"} in [peer["podSelector"]["matchLabels"] for peer in peers]
+    keda = _one("autoscaling-keda.yaml", "ScaledObject")["spec"]["triggers"][0]["metadata"]["serverAddress"]
+    prometheus_ns = re.match(r"http://[^.]+\.([^.]+)\.svc", keda).group(1)
+    namespaces = [peer.get("namespaceSelector", {}).get("matchLabels", {}) for peer in peers]
+    assert {"kubernetes.io/metadata.name": prometheus_ns} in namespaces, "Prometheus must reach /metrics"
