@@ -44,7 +44,10 @@ __all__ = ["EchoCheckedAgent", "LiveKitEcho"]
 
 log = logging.getLogger("streamvox.livekit_echo")
 
-PLAYED_WORDS_S = 8.0  # how far back a transcript is compared with the bot's words (delay + STT time)
+# how far back a transcript is compared with the bot's words: the delay, the VAD's end of speech and
+# Whisper, which transcribes one utterance at a time (an echo fragment's waits behind the caller's)
+PLAYED_WORDS_S = 12.0
+GAP_S = 0.5  # an output that ran dry for up to this long is told to the canceller as silence
 
 
 class LiveKitEcho:
@@ -91,6 +94,11 @@ class LiveKitEcho:
     def _play(self, pcm: np.ndarray, rate: int) -> None:
         now = self._clock()
         start = max(now, self._play_end)
+        gap = start - self._play_end
+        if 0 < gap <= GAP_S and self._play_end > 0:
+            # the output ran dry (the TTS fell behind) and played silence: the reference says so,
+            # rather than the canceller's continuity closing the gap and moving the echo's delay
+            self.canceller.far(bytes(2 * round(gap * rate)), rate, t=self._play_end)
         self._play_end = start + len(pcm) / rate
         self._queued.append((start, pcm, rate))
         while self._queued and self._queued[0][0] + len(self._queued[0][1]) / self._queued[0][2] <= now:

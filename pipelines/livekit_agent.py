@@ -28,8 +28,21 @@ Environment (defaults in brackets):
 ``LLM_BASE_URL`` [http://127.0.0.1:8766/v1, ``pipelines.local_llm``], ``LLM_MODEL`` [smollm2], ``LLM_API_KEY``,
 ``AGENT_SYSTEM_PROMPT`` and ``AGENT_GREETING`` [both as the Pipecat agent's: ``pipelines/persona.py``;
 an empty greeting: none], ``LLM_TEMPERATURE`` [unset: the endpoint's default, as the Pipecat agent],
-``MIN_INTERRUPTION_DURATION`` [0.2], ``AEC_WARMUP_DURATION`` [3.0], ``FALSE_INTERRUPTION_TIMEOUT`` [1.0],
+``MIN_INTERRUPTION_DURATION`` [0.2], ``AEC_WARMUP_DURATION`` [3.0; 0 on a call the agent cancels its
+echo on], ``FALSE_INTERRUPTION_TIMEOUT`` [1.0], ``STREAMVOX_ECHO_CANCEL`` [phone, below],
 and LiveKit's own ``LIVEKIT_URL`` / ``LIVEKIT_API_KEY`` / ``LIVEKIT_API_SECRET``.
+
+Echo (``STREAMVOX_ECHO_CANCEL``, the Pipecat agent's values): the agent removes its own voice from the
+caller's audio (``agent.livekit_echo`` over ``agent.echo``: the room output's frames are the
+reference, the room input is cleaned before the VAD and the STT, a transcript that repeats the bot
+is dropped in the Agent's ``stt_node``). ``phone`` (the default): on for a SIP participant (a phone
+on speakerphone, line echo: no echo canceller of its own that the agent can count on), off for
+other room participants (a browser or app, whose WebRTC stack cancels echo itself; with no echo to
+find, our canceller can "find" one under a caller talking over the bot and let AEC3 duck them:
+docs/BENCHMARKS.md, "LiveKit worker"); ``on``: every caller; ``off``: none. On a call the agent
+cancels its echo on, LiveKit's ``aec_warmup_duration`` defaults to 0: the warm-up exists for an
+echo canceller that has not converged yet, and ours locates the echo within the first second of
+the bot's audio, so barge-in works from the greeting's first word.
 
 Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our defaults:
 
@@ -44,9 +57,9 @@ Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our def
 * ``aec_warmup_duration = 3.0`` s (framework default, ``AEC_WARMUP_DURATION``): a one-shot window,
   started the first time the agent speaks in a session (wall clock), in which caller audio cannot
   interrupt - the agent's own echo must not cut it off while the caller's echo canceller
-  converges. It costs barge-in only during the greeting / first reply, so we keep it for browser
-  and speakerphone callers; use 0 where there is no echo path (headsets, SIP trunks with their
-  own AEC, tests).
+  converges. It costs barge-in only during the greeting / first reply, so we keep it for callers
+  the agent does not cancel the echo of; 0 where it does (``STREAMVOX_ECHO_CANCEL``, above) or
+  where there is no echo path (headsets, tests).
 * ``interruption.resume_false_interruption = True`` and ``false_interruption_timeout = 1.0`` s
   (framework default 2.0, ``FALSE_INTERRUPTION_TIMEOUT``): a room output first *pauses* on VAD
   speech; if no transcript arrives within the timeout (counted from the VAD's end of speech) the
@@ -73,7 +86,6 @@ from livekit import rtc
 from livekit.agents import (
     DEFAULT_API_CONNECT_OPTIONS,
     NOT_GIVEN,
-    Agent,
     AgentServer,
     AgentSession,
     APIConnectionError,
@@ -92,6 +104,7 @@ from livekit.agents import (
 from livekit.agents.utils import AudioBuffer
 
 from agent.livekit import DEFAULT_URL, StreamvoxTTS
+from agent.livekit_echo import EchoCheckedAgent, LiveKitEcho
 from pipelines.persona import env_number, greeting, llm_temperature, system_prompt
 
 log = logging.getLogger("streamvox.livekit_agent")
@@ -101,6 +114,22 @@ DEFAULT_LLM_URL = "http://127.0.0.1:8766/v1"  # python -m pipelines.local_llm
 
 
 SECONDS_SETTINGS = ("MIN_INTERRUPTION_DURATION", "FALSE_INTERRUPTION_TIMEOUT", "AEC_WARMUP_DURATION")
+ECHO_MODES = ("phone", "on", "off")  # STREAMVOX_ECHO_CANCEL, as the Pipecat agent's
+
+
+def echo_mode() -> str:
+    """STREAMVOX_ECHO_CANCEL (default "phone": SIP callers); ValueError with a one-line reason for anything else."""
+    raw = os.environ.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or "phone"
+    if raw not in ECHO_MODES:
+        raise ValueError(f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {raw!r}")
+    return raw
+
+
+def cancels_echo_of(participant: rtc.Participant | None, mode: str) -> bool:
+    """Whether the agent cancels its own echo on a call with ``participant`` (module docstring, "Echo")."""
+    if mode == "phone":
+        return participant is not None and participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+    return mode == "on"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -336,8 +365,14 @@ def build_session(
     tts_engine: StreamvoxTTS | None = None,
     aec_warmup_duration: float | None = None,
     min_interruption_duration: float | None = None,
+    echo: LiveKitEcho | None = None,
 ) -> AgentSession:
-    """The session every entry point uses; tests pass their own LLM and a 0 s AEC warm-up."""
+    """The session every entry point uses; tests pass their own LLM and a 0 s AEC warm-up.
+
+    ``echo``: the call's echo canceller, when the agent cancels its own echo (attach it with
+    ``echo.attach(session)`` once the session's audio io is set): LiveKit's AEC warm-up then
+    defaults to 0.
+    """
     return AgentSession(
         vad=vad,
         stt=stt_engine,
@@ -356,7 +391,9 @@ def build_session(
         ),
         turn_handling=turn_handling(min_interruption_duration=min_interruption_duration),
         aec_warmup_duration=(
-            aec_warmup_duration if aec_warmup_duration is not None else _env_float("AEC_WARMUP_DURATION", 3.0)
+            aec_warmup_duration
+            if aec_warmup_duration is not None
+            else _env_float("AEC_WARMUP_DURATION", 0.0 if echo is not None else 3.0)
         ),
         use_tts_aligned_transcript=True,  # the transcript follows the words actually spoken
     )
@@ -377,8 +414,15 @@ server = AgentServer(setup_fnc=prewarm)
 
 @server.rtc_session()
 async def entrypoint(ctx: JobContext) -> None:
-    session = build_session(vad=ctx.proc.userdata["vad"], stt_engine=ctx.proc.userdata["stt"])
-    await session.start(agent=Agent(instructions=system_prompt()), room=ctx.room)
+    mode = echo_mode()
+    # "phone" asks who the caller is (a SIP participant or not) before the session starts
+    participant = await ctx.wait_for_participant() if mode == "phone" else None
+    echo = LiveKitEcho() if cancels_echo_of(participant, mode) else None
+    session = build_session(vad=ctx.proc.userdata["vad"], stt_engine=ctx.proc.userdata["stt"], echo=echo)
+    await session.start(agent=EchoCheckedAgent(echo, instructions=system_prompt()), room=ctx.room)
+    if echo is not None:
+        echo.attach(session)  # the room's audio io exists once the session has started
+        log.info("echo cancellation on for this call (STREAMVOX_ECHO_CANCEL=%s)", mode)
     first_words = greeting()
     if first_words:
         session.say(first_words)
@@ -391,6 +435,7 @@ def _check_livekit_env(argv: list[str]) -> None:
         for name in SECONDS_SETTINGS:
             _env_float(name, 0.0)
         llm_temperature()
+        echo_mode()
     except ValueError as exc:
         raise SystemExit(f"livekit_agent: {exc}") from None
     wants_server = any(cmd in argv[1:2] for cmd in ("dev", "start", "connect"))

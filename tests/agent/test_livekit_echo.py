@@ -3,9 +3,9 @@
 The caller's input is the agent's own output, played by a loudspeaker (``Loudspeaker``: real time,
 pausable as a room output is) and put back into the microphone through ``support.echo_path.EchoPath``
 (200 ms, a 0.3 s-RT60 room, -6 dB) and nothing else. With the canceller (``agent.livekit_echo``) on,
-a long reply must play through with LiveKit's 3 s echo warm-up off: no pause, no interruption, no
-user turn from the echo. The control: with it off, the echo stops the agent. And a real barge-in
-(the caller's words mixed over the echo) still interrupts.
+a long reply must play through with LiveKit's 3 s echo warm-up off (the worker's default then): no
+pause, no interruption, no user turn from the echo. The control: with it off, the echo stops the
+agent. And a real barge-in (the caller's words mixed over the echo) still interrupts.
 
 Real: the streamvox server and voice, the Silero VAD plug-in, Whisper tiny.en, WebRTC's AEC3,
 LiveKit's AgentSession with the worker's settings (``build_session``). Fake: the LLM (scripted);
@@ -100,20 +100,27 @@ async def loudspeaker_call(
     speaker = Loudspeaker(RATE)
     mic = EchoMic(speaker, EchoPath(sample_rate=RATE, delay_ms=200, gain_db=echo_db, room=Room(rt60_s=0.3, seed=7)))
     llm = ScriptedLLM(list(replies), default="Okay, I see.")
-    session = build_session(vad=vad, stt_engine=whisper, llm_engine=llm, tts_engine=tts, aec_warmup_duration=0.0)
-    session.input.audio, session.output.audio = mic, speaker
     echo = LiveKitEcho() if cancel else None
+    # the worker's warm-up with the canceller on (0 s); without it, 0 too, so the echo can interrupt at once
+    warmup = None if echo is not None else 0.0
+    session = build_session(
+        vad=vad, stt_engine=whisper, llm_engine=llm, tts_engine=tts, echo=echo, aec_warmup_duration=warmup
+    )
+    session.input.audio, session.output.audio = mic, speaker
     if echo is not None:
         echo.attach(session)
     call = Call(turns=len(replies))
     session.on("user_input_transcribed", lambda ev: ev.is_final and call.transcripts.append(ev.transcript))
+    if os.environ.get("LKE_DEBUG"):
+        t00 = time.monotonic()
+        session.on("user_input_transcribed", lambda ev: print("TRANSCRIPT", round(time.monotonic() - t00, 2), ev))
     try:
         await session.start(agent=EchoCheckedAgent(echo, instructions="You are a test agent."))
         for turn in range(len(replies)):
             handle = session.generate_reply(user_input=f"question {turn}")
             if turn == 0 and caller is not None:
                 async with asyncio.timeout(20):
-                    while speaker.played_s + (speaker._position() / RATE if speaker.speaking else 0) < caller_at_s:
+                    while speaker.position_s < caller_at_s:
                         await asyncio.sleep(0.02)
                 mic.say(caller)
             async with asyncio.timeout(60):
@@ -185,3 +192,27 @@ async def test_a_caller_talking_over_the_echo_still_interrupts(lk_tts_server, va
     assert call.interrupted, call
     said = set(call.prompts[-1].lower().replace(".", " ").replace(",", " ").split())
     assert {"stop", "different", "question"} & said, call
+
+
+def test_the_worker_cancels_echo_for_sip_callers_by_default_and_drops_the_warm_up_then(monkeypatch):
+    from types import SimpleNamespace
+
+    from livekit import rtc
+
+    from agent.livekit_echo import LiveKitEcho
+    from pipelines.livekit_agent import _check_livekit_env, build_session, cancels_echo_of, echo_mode
+
+    sip = SimpleNamespace(kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
+    browser = SimpleNamespace(kind=rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD)
+    monkeypatch.delenv("STREAMVOX_ECHO_CANCEL", raising=False)
+    monkeypatch.delenv("AEC_WARMUP_DURATION", raising=False)
+    assert echo_mode() == "phone"
+    assert cancels_echo_of(sip, "phone") and not cancels_echo_of(browser, "phone")
+    assert cancels_echo_of(browser, "on") and not cancels_echo_of(sip, "off")
+    monkeypatch.setenv("STREAMVOX_ECHO_CANCEL", "maybe")
+    with pytest.raises(SystemExit, match="STREAMVOX_ECHO_CANCEL must be one of phone, on, off"):
+        _check_livekit_env(["livekit_agent", "console"])
+    tts = StreamvoxTTS(url="ws://127.0.0.1:9/v1/stream")
+    plain = build_session(vad=None, stt_engine=None, llm_engine=ScriptedLLM([]), tts_engine=tts)
+    cancelled = build_session(vad=None, stt_engine=None, llm_engine=ScriptedLLM([]), tts_engine=tts, echo=LiveKitEcho())
+    assert plain.options.aec_warmup_duration == 3.0 and cancelled.options.aec_warmup_duration == 0.0

@@ -282,8 +282,9 @@ def check_replies(sink: RecordingAudioOutput, plan: list[bool], *, heard_s: floa
 
 class Loudspeaker(io.AudioOutput):
     """A room output's stand-in that plays sample by sample in real time, and can pause (as a room
-    output does): :meth:`take_played` hands over exactly what it played since the last call, so an
-    :class:`EchoMic` can put it back in the caller's microphone.
+    output does): :meth:`take_played` hands over exactly what it played since the last call, with
+    the time each piece started playing, so an :class:`EchoMic` can put it back in the caller's
+    microphone where a loudspeaker would.
 
     Records ``pauses``, ``resumes`` and ``clears`` (monotonic times) and each segment's
     ``finished`` (position s, interrupted).
@@ -298,13 +299,14 @@ class Loudspeaker(io.AudioOutput):
         self.resumes: list[float] = []
         self.clears: list[float] = []
         self.finished: list[tuple[float, bool]] = []
-        self.played_s = 0.0  # every segment's audio heard, in all
+        self.played_s = 0.0  # every finished segment's audio heard, in all
         self._buf = np.zeros(0, np.int16)  # this segment's audio
         self._pos = 0  # samples of it played before ``_run_from``
         self._taken = 0  # samples of it handed to take_played()
         self._run_from: float | None = None  # playing since (None: paused or idle)
+        self._runs: list[tuple[float, int]] = []  # (monotonic time, sample index) each run of it began at
         self._started = self._paused = self._flushed = self._interrupted = False
-        self._unclaimed = np.zeros(0, np.int16)  # played by a finished segment, not taken yet
+        self._unclaimed: list[tuple[float, np.ndarray]] = []  # played by a finished segment, not taken yet
         self._changed = asyncio.Event()
         self._playout: asyncio.Task | None = None
 
@@ -312,25 +314,51 @@ class Loudspeaker(io.AudioOutput):
         run = 0 if self._run_from is None else int((time.monotonic() - self._run_from) * self.rate)
         return min(len(self._buf), self._pos + run)
 
-    def take_played(self) -> np.ndarray:
-        """int16 samples played since the last call."""
-        now = self._position() if self._started else self._taken
-        out = np.concatenate([self._unclaimed, self._buf[self._taken : now]])
-        self._unclaimed, self._taken = np.zeros(0, np.int16), max(self._taken, now)
+    @property
+    def position_s(self) -> float:
+        """Seconds heard so far, this segment included."""
+        return self.played_s + (self._position() / self.rate if self._started else 0.0)
+
+    def _pieces(self, a: int, b: int) -> list[tuple[float, np.ndarray]]:
+        """Samples [a, b) of this segment, split by run, each with the time its first sample played."""
+        out = []
+        for k, (t, start) in enumerate(self._runs):
+            end = self._runs[k + 1][1] if k + 1 < len(self._runs) else b
+            lo, hi = max(a, start), min(b, end)
+            if hi > lo:
+                out.append((t + (lo - start) / self.rate, self._buf[lo:hi]))
+        return out
+
+    def take_played(self) -> list[tuple[float, np.ndarray]]:
+        """(monotonic time it started playing, int16 samples) of what played since the last call."""
+        out, self._unclaimed = self._unclaimed, []
+        if self._started:
+            now = self._position()
+            out += self._pieces(self._taken, now)
+            self._taken = max(self._taken, now)
         return out
 
     @property
     def speaking(self) -> bool:
         return self._started and not self._paused
 
+    def _begin_run(self) -> None:
+        self._run_from = time.monotonic()
+        self._runs.append((self._run_from, self._pos))
+
     async def capture_frame(self, frame: rtc.AudioFrame) -> None:
         await super().capture_frame(frame)
         assert frame.sample_rate == self.rate and frame.num_channels == 1, (frame.sample_rate, frame.num_channels)
         if not self._started:
             self._started, self._flushed = True, False
-            self._buf, self._pos, self._taken = np.zeros(0, np.int16), 0, 0
-            self._run_from = None if self._paused else time.monotonic()
+            self._buf, self._pos, self._taken, self._runs, self._run_from = np.zeros(0, np.int16), 0, 0, [], None
+            if not self._paused:
+                self._begin_run()
             self.on_playback_started(created_at=time.time())
+        elif self._run_from is not None and self._position() >= len(self._buf):
+            # it ran dry (the TTS fell behind): silence was played meanwhile, and this plays from now
+            self._pos = len(self._buf)
+            self._begin_run()
         self._buf = np.concatenate([self._buf, np.frombuffer(frame.data, np.int16)])
         self._changed.set()
 
@@ -351,7 +379,8 @@ class Loudspeaker(io.AudioOutput):
         super().resume()
         if self._paused:
             self._paused = False
-            self._run_from = time.monotonic() if self._started else None
+            if self._started:
+                self._begin_run()
             self.resumes.append(time.monotonic())
             self._changed.set()
 
@@ -370,7 +399,7 @@ class Loudspeaker(io.AudioOutput):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
         played = self._position()
-        self._unclaimed = np.concatenate([self._unclaimed, self._buf[self._taken : played]])
+        self._unclaimed += self._pieces(self._taken, played)
         self._taken = played
         interrupted = self._interrupted
         self.finished.append((played / self.rate, interrupted))
@@ -382,15 +411,25 @@ class Loudspeaker(io.AudioOutput):
 
 class EchoMic(MicInput):
     """:class:`MicInput` plus the loudspeaker's sound through ``echo`` (a ``support.echo_path.EchoPath``
-    at the mic's rate): what a caller on speakers sends, with the caller's own speech on cue."""
+    at the mic's rate): what a caller on speakers sends, with the caller's own speech on cue.
+
+    What the loudspeaker played goes on the microphone's own sample timeline by the time it played,
+    so a busy event loop that delivers mic frames late and in bursts (as a network does) does not
+    move the echo within them: the echo's delay stays the path's.
+    """
 
     def __init__(self, speaker: Loudspeaker, echo: Any, sample_rate: int = 24000) -> None:
         super().__init__(sample_rate)
         self.speaker, self.echo = speaker, echo
+        self._t0: float | None = None  # monotonic time of the mic's sample 0
 
     async def __anext__(self) -> rtc.AudioFrame:
         frame = await super().__anext__()
-        self.echo.push(self.speaker.take_played())
+        if self._t0 is None:
+            assert self._next is not None
+            self._t0 = self._next - self._hop / self.sample_rate  # loop.time() is time.monotonic()
+        for t, pcm in self.speaker.take_played():
+            self.echo.push(pcm, at_sample=round((t - self._t0) * self.sample_rate))
         mixed = np.frombuffer(frame.data, np.int16).astype(np.float32) / 32768.0 + self.echo.pull(self._hop)
         pcm = (np.clip(mixed, -1.0, 1.0) * 32767).astype(np.int16)
         return rtc.AudioFrame(pcm.tobytes(), self.sample_rate, 1, self._hop)
