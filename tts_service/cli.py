@@ -57,6 +57,13 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
         help="read the admin key from this file (default: $STREAMVOX_ADMIN_KEY_FILE)",
     )
     p.add_argument(
+        "--require-api-key",
+        action="store_true",
+        default=os.environ.get("STREAMVOX_REQUIRE_API_KEY", "") not in ("", "0"),
+        help="refuse to start without an API key (the image and the Kubernetes manifests set it: "
+        "an open server is never the default there; env STREAMVOX_REQUIRE_API_KEY=1)",
+    )
+    p.add_argument(
         "--access-log",
         action="store_true",
         default=os.environ.get("STREAMVOX_ACCESS_LOG", "") not in ("", "0"),
@@ -214,6 +221,11 @@ def serve(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         raise CliError("--drain-timeout must be >= 0 seconds")
     api_key = _api_key(args)
+    if args.require_api_key and not api_key:
+        raise CliError(
+            "--require-api-key: no API key given; set STREAMVOX_API_KEY_FILE or STREAMVOX_API_KEY "
+            "(e.g. openssl rand -hex 32), or leave --require-api-key out to serve without one"
+        )
     admin_key = _admin_key(args, api_key)
     try:
         voice_map = parse_voice_map(args.voice_map, strict=args.strict_voices)

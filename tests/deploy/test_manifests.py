@@ -212,6 +212,7 @@ def test_dockerfile_bakes_the_voice_and_runs_the_server() -> None:
     for src in re.findall(r"^COPY (?!--)(.+) \S+$", text, re.M):
         for path in shlex.split(src):
             assert (ROOT / path).exists(), f"Dockerfile copies {path}, which is not in the repository"
+    assert re.search(r"^\s+STREAMVOX_REQUIRE_API_KEY=1$", text, re.M), "the image must not serve open by default"
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
     assert "!tts_service/" in ignore
 
@@ -254,6 +255,7 @@ def test_the_client_key_is_required_and_the_admin_key_has_its_own_secret(
     monkeypatch.setenv("STREAMVOX_ADMIN_KEY", "admin-key")
     args = _serve_args(container)
     assert (args.api_key, args.admin_key) == ("client-key", "admin-key")
+    assert args.require_api_key, "a server started without its key must exit, not serve open"
     assert "--api-key" not in container["args"] and "--admin-key" not in container["args"]  # no key in argv
 
 

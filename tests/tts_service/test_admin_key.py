@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from tests.tts_service.test_hardening_drain import serve_process
-from tests.tts_service.tts_helpers import API_KEY, running_server
+from tests.tts_service.tts_helpers import API_KEY, on_loopback, running_server
 from tts_service import protocol as P
 from tts_service.cli import main
 from tts_service.piper.engine import PiperEngine
@@ -93,6 +93,17 @@ def test_redact_query(path_qs: str, shown: str) -> None:
     assert redact_query(path_qs) == shown
 
 
+def test_require_api_key_refuses_to_serve_open(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("STREAMVOX_API_KEY", "STREAMVOX_API_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STREAMVOX_REQUIRE_API_KEY", "1")  # as the image sets it
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "no API key given" in err and "STREAMVOX_API_KEY_FILE" in err and "Traceback" not in err
+
+
 def test_the_admin_key_must_differ_from_the_client_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "key").write_text(API_KEY)
     assert main(["serve", "--api-key-file", str(tmp_path / "key"), "--admin-key", API_KEY]) == 2
@@ -131,3 +142,29 @@ async def test_served_admin_key_from_a_file_and_an_access_log_without_keys(
     assert any("/tts/websocket?api_key=***" in line for line in access), access
     assert any(P.ADMIN_DRAIN_PATH in line and '" 403 ' in line for line in access), access
     assert API_KEY not in err and ADMIN_KEY not in err
+
+
+async def test_clients_send_the_key_in_a_header_not_the_url() -> None:
+    """TTSClient (so the LiveKit plug-in) and the bench's connection: the key goes in
+    ``Authorization``, never in the URL a proxy would log."""
+    from tts_service.bench.wire import Conn, WireError
+    from tts_service.client import TTSClient, TTSConnectionError
+
+    seen: list[tuple[str, str]] = []
+
+    async def refuse(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        seen.append((request.path_qs, request.headers.get("Authorization", "")))
+        return aiohttp.web.Response(status=401)
+
+    app = aiohttp.web.Application()
+    app.router.add_get(P.WS_PATH, refuse)
+    async with on_loopback(app) as (ws_url, _http):
+        client = TTSClient(ws_url, api_key=API_KEY, connect_attempts=1)
+        with pytest.raises(TTSConnectionError):
+            await client.connect()
+        await client.close()
+        conn = Conn(ws_url, api_key=API_KEY)
+        with pytest.raises(WireError, match="401"):
+            await conn.connect(timeout=5)
+        await conn.close()
+    assert seen == [(P.WS_PATH, f"Bearer {API_KEY}")] * 2

@@ -222,6 +222,7 @@ def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "STREAMVOX_ADMIN_KEY",
         "STREAMVOX_ADMIN_KEY_FILE",
         "STREAMVOX_ACCESS_LOG",
+        "STREAMVOX_REQUIRE_API_KEY",
     ):
         monkeypatch.delenv(name, raising=False)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
