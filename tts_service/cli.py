@@ -18,6 +18,26 @@ from pathlib import Path
 from . import protocol as P
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _key_args(p: argparse.ArgumentParser, name: str, env: str, what: str) -> None:
+    """``--NAME`` and ``--NAME-file``: a file (a mounted secret) or the variable keeps the key out
+    of the process list, where ``--NAME KEY`` would show it."""
+    p.add_argument(
+        f"--{name}",
+        default=os.environ.get(env),
+        help=f"{what}; default: ${env}. Prefer --{name}-file or the variable: argv shows in the process list",
+    )
+    p.add_argument(
+        f"--{name}-file",
+        default=os.environ.get(f"{env}_FILE"),
+        metavar="PATH",
+        help=f"read the {name.replace('-', ' ')} from this file (a mounted secret; default: ${env}_FILE)",
+    )
+
+
 def _serve_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the streaming TTS server")
     p.add_argument("--host", default=os.environ.get("STREAMVOX_HOST", "127.0.0.1"))
@@ -32,41 +52,24 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default=os.environ.get("STREAMVOX_DEVICE", "cpu"))
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("STREAMVOX_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $STREAMVOX_API_KEY, none if unset); "
-        "prefer --api-key-file or the variable: a key on the command line shows in the process list",
-    )
-    p.add_argument(
-        "--api-key-file",
-        default=os.environ.get("STREAMVOX_API_KEY_FILE"),
-        metavar="PATH",
-        help="read the API key from this file (a mounted secret; default: $STREAMVOX_API_KEY_FILE)",
-    )
-    p.add_argument(
-        "--admin-key",
-        default=os.environ.get("STREAMVOX_ADMIN_KEY"),
-        help="the key /v1/admin/* (drain) requires, distinct from the API key (default: $STREAMVOX_ADMIN_KEY; "
-        "unset: admin endpoints off); prefer --admin-key-file or the variable",
-    )
-    p.add_argument(
-        "--admin-key-file",
-        default=os.environ.get("STREAMVOX_ADMIN_KEY_FILE"),
-        metavar="PATH",
-        help="read the admin key from this file (default: $STREAMVOX_ADMIN_KEY_FILE)",
+    _key_args(p, "api-key", "STREAMVOX_API_KEY", "require 'Authorization: Bearer KEY' on /v1/* (none if unset)")
+    _key_args(
+        p,
+        "admin-key",
+        "STREAMVOX_ADMIN_KEY",
+        "the key /v1/admin/* (drain) requires, not the API key (unset: admin off)",
     )
     p.add_argument(
         "--require-api-key",
         action="store_true",
-        default=os.environ.get("STREAMVOX_REQUIRE_API_KEY", "") not in ("", "0"),
+        default=_env_flag("STREAMVOX_REQUIRE_API_KEY"),
         help="refuse to start without an API key (the image and the Kubernetes manifests set it: "
         "an open server is never the default there; env STREAMVOX_REQUIRE_API_KEY=1)",
     )
     p.add_argument(
         "--access-log",
         action="store_true",
-        default=os.environ.get("STREAMVOX_ACCESS_LOG", "") not in ("", "0"),
+        default=_env_flag("STREAMVOX_ACCESS_LOG"),
         help="log one line per request (logger streamvox.access; ?token= and ?api_key= values redacted; "
         "default off, env STREAMVOX_ACCESS_LOG=1)",
     )
@@ -98,7 +101,7 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strict-voices",
         action="store_true",
-        default=os.environ.get("STREAMVOX_STRICT_VOICES", "") not in ("", "0"),
+        default=_env_flag("STREAMVOX_STRICT_VOICES"),
         help="refuse voice ids the map does not know (default: the default voice, one warning per id)",
     )
     p.add_argument("--log-level", default="INFO")
