@@ -46,6 +46,9 @@ async def test_admin_endpoints_take_the_admin_key_only(engine: PiperEngine) -> N
         status, body = await _post(session, drain)
         refusals.append(body)
         assert status == 401 and "admin key" in body["error"]["message"]
+        encoded = srv.http_url + "/v1/%61dmin/drain"  # routed as /v1/admin/drain: guarded the same
+        status, body = await _post(session, encoded, headers=_bearer(API_KEY))
+        assert status == 403
         status, body = await _post(session, drain, headers=_bearer("wrong"))
         refusals.append(body)
         assert status == 401
