@@ -12,7 +12,7 @@
   caller's first speech, before it decides to interrupt) stops the audio: what was not played yet is
   taken back from the canceller and handed on again from ``resume()``; ``clear_buffer()`` drops it.
   The word-timed transcript that rides on the TTS frames (``lk.timed_transcripts``) is kept for the
-  transcript check, timed with its audio.
+  transcript check, per reply segment, with the time that segment's audio last played.
 * :meth:`LiveKitEcho.input` wraps the session's ``io.AudioInput`` (the caller's room track): each
   frame is replaced by the cancelled audio (16 kHz mono), so LiveKit's VAD, its barge-in and the
   STT all read the caller without the bot.
@@ -44,9 +44,10 @@ __all__ = ["EchoCheckedAgent", "LiveKitEcho"]
 
 log = logging.getLogger("streamvox.livekit_echo")
 
-# how far back a transcript is compared with the bot's words: the delay, the VAD's end of speech and
-# Whisper, which transcribes one utterance at a time (an echo fragment's waits behind the caller's)
-PLAYED_WORDS_S = 12.0
+# how long after a reply's audio last played a transcript is compared with its words: the delay, the
+# VAD's end of speech and Whisper, which transcribes one utterance at a time (an echo fragment's
+# transcript waits behind the caller's)
+PLAYED_WORDS_S = 8.0
 GAP_S = 0.5  # an output that ran dry for up to this long is told to the canceller as silence
 
 
@@ -61,7 +62,10 @@ class LiveKitEcho:
         self._queued: deque[tuple[float, np.ndarray, int]] = deque()
         self._held: list[tuple[np.ndarray, int]] = []  # handed on while paused: plays from resume()
         self._paused = False
-        self._words: deque[tuple[float, str]] = deque()  # (played at, text)
+        # the words of each reply segment and when its audio last played (a word's own time is
+        # not known: the TTS hands a reply's words on well ahead of their audio, pauses shift them)
+        self._segments: deque[tuple[list[float], list[str]]] = deque()
+        self._segment_open = False
         self.dropped_transcripts: list[str] = []
 
     # ---------------------------------------------------------------- wiring
@@ -84,8 +88,13 @@ class LiveKitEcho:
     def played(self, frame: rtc.AudioFrame) -> None:
         """A frame handed to the output: it plays after everything handed on before it."""
         pcm = _mono(frame)
-        for text in frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, []):
-            self._spoken(str(text))
+        now = self._clock()
+        if not self._segment_open:
+            self._segment_open = True
+            self._segments.append(([now], []))
+            while self._segments and self._segments[0][0][0] < now - PLAYED_WORDS_S:
+                self._segments.popleft()
+        self._segments[-1][1].extend(str(t) for t in frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, []))
         if self._paused:
             self._held.append((pcm, frame.sample_rate))
             return
@@ -104,6 +113,12 @@ class LiveKitEcho:
         while self._queued and self._queued[0][0] + len(self._queued[0][1]) / self._queued[0][2] <= now:
             self._queued.popleft()
         self.canceller.far(pcm.tobytes(), rate, t=start)
+        if self._segments:  # the segment playing now is heard until then
+            self._segments[-1][0][0] = self._play_end
+
+    def flushed(self) -> None:
+        """The reply segment is complete: the next frame begins another."""
+        self._segment_open = False
 
     def paused(self) -> None:
         """The output stopped: what was not played yet plays from :meth:`resumed`, if at all."""
@@ -140,12 +155,6 @@ class LiveKitEcho:
                 out.append((pcm[skip:], rate))
         return out
 
-    def _spoken(self, text: str) -> None:
-        now = self._clock()
-        self._words.append((max(now, self._play_end), text))
-        while self._words and self._words[0][0] < now - PLAYED_WORDS_S:
-            self._words.popleft()
-
     # ---------------------------------------------------------------- near end
 
     def clean(self, frame: rtc.AudioFrame) -> rtc.AudioFrame | None:
@@ -159,7 +168,7 @@ class LiveKitEcho:
 
     def is_echo(self, text: str) -> bool:
         now = self._clock()
-        played = " ".join(t for at, t in self._words if at >= now - PLAYED_WORDS_S)
+        played = " ".join(" ".join(words) for (heard,), words in self._segments if heard >= now - PLAYED_WORDS_S)
         if echo_transcript(text, played):
             self.dropped_transcripts.append(text)
             log.info("echo: dropped a transcript that repeats the bot's own words: %r", text)
@@ -215,6 +224,7 @@ class _ReferenceOutput(io.AudioOutput):
 
     def flush(self) -> None:
         super().flush()
+        self._echo.flushed()
         assert self.next_in_chain is not None
         self.next_in_chain.flush()
 

@@ -415,8 +415,9 @@ server = AgentServer(setup_fnc=prewarm)
 @server.rtc_session()
 async def entrypoint(ctx: JobContext) -> None:
     mode = echo_mode()
-    # "phone" asks who the caller is (a SIP participant or not) before the session starts
-    participant = await ctx.wait_for_participant() if mode == "phone" else None
+    # "phone" asks who the caller is (a SIP participant or not) before the session starts; the
+    # console (a fake job: no room to wait in) is local audio, which LiveKit's own APM cancels there
+    participant = await ctx.wait_for_participant() if mode == "phone" and not ctx.is_fake_job() else None
     echo = LiveKitEcho() if cancels_echo_of(participant, mode) else None
     session = build_session(vad=ctx.proc.userdata["vad"], stt_engine=ctx.proc.userdata["stt"], echo=echo)
     await session.start(agent=EchoCheckedAgent(echo, instructions=system_prompt()), room=ctx.room)
