@@ -43,6 +43,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 if __name__ == "__main__" and "--verbose" not in sys.argv:
     # loguru's default sink logs DEBUG from the first import on, before main() can set the level:
@@ -91,6 +92,9 @@ class AgentConfig:
     # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.echo):
     # "phone" (the default: speakerphones and line echo), "on" (the page too), "off"
     echo_cancel: str = "phone"
+    # STREAMVOX_SPECULATE=on|off: the reply's LLM inference starts at the first transcript after a
+    # VAD stop, held until the end of turn confirms it (pipelines.pipecat_turns)
+    speculate: bool = True
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
 
@@ -110,6 +114,7 @@ class AgentConfig:
             system_prompt=system_prompt(env),
             greeting=greeting(env),
             echo_cancel=echo_mode(env),
+            speculate=speculate_mode(env),
         )
 
 
@@ -124,6 +129,14 @@ def echo_mode(env) -> str:
             f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {env.get('STREAMVOX_ECHO_CANCEL')!r}"
         )
     return raw
+
+
+def speculate_mode(env) -> bool:
+    """STREAMVOX_SPECULATE (default on); ValueError with a one-line reason for anything but on/off."""
+    raw = env.get("STREAMVOX_SPECULATE", "").strip().lower() or "on"
+    if raw not in ("on", "off"):
+        raise ValueError(f"STREAMVOX_SPECULATE must be on or off, got {env.get('STREAMVOX_SPECULATE')!r}")
+    return raw == "on"
 
 
 # ---------------------------------------------------------------- services
@@ -157,35 +170,42 @@ class Agent:
     tts: StreamvoxTTSService
     figures: StageFigures
     echo: PipecatEcho | None = None  # the call's echo canceller and its figures (None: not on this path)
+    turns: Any = None  # the call's stop strategy (a SpeculativeTurnStop counts its speculations)
 
 
 USER_TURN_STOP_TIMEOUT_S = 2.0
 GATE_LEAD_MS = 50.0  # bot audio handed to the transport ahead of the clock: what still plays after a yield
 
 
-def turn_strategies(smart_turn_timeout_s: float = 1.0):
+def turn_strategies(smart_turn_timeout_s: float = 1.0, *, speculate: bool = False):
     """Pipecat's default end of turn (Silero VAD stop, then smart-turn v3) with a 1 s silence timeout.
 
     When smart-turn calls a finished question incomplete, the turn waits for its silence timeout
     (3 s by default): that was the end-of-turn p95 (3.2 s -> 1.2 s with 1 s; turns ended early
     the same within run-to-run noise; ``scripts/end_of_turn.py``, docs/BENCHMARKS.md "End of turn").
+    ``speculate``: the same decision, with the reply's inference started during that wait
+    (``pipelines.pipecat_turns.SpeculativeTurnStop``).
     """
     from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
     from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
     from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
     from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
+    from pipelines.pipecat_turns import SpeculativeTurnStop
+
     analyzer = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
-    return UserTurnStrategies(stop=[TurnAnalyzerUserTurnStopStrategy(turn_analyzer=analyzer)])
+    stop = SpeculativeTurnStop if speculate else TurnAnalyzerUserTurnStopStrategy
+    return UserTurnStrategies(stop=[stop(turn_analyzer=analyzer)])
 
 
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
+    strategies = turn_strategies(speculate=config.speculate)
     user_params = LLMUserAggregatorParams(
         vad_analyzer=SileroVADAnalyzer(),
-        user_turn_strategies=turn_strategies(),
+        user_turn_strategies=strategies,
         # A turn whose last VAD segment brings no transcript (a cough, a word Whisper drops) is
         # closed by this timeout, not by the stop strategy; Pipecat's 5 s is dead air for the
         # caller. Whisper answers in ~0.1-0.4 s here, smart-turn's own timeout is 1 s.
@@ -235,7 +255,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     async def _bye(_transport, _client) -> None:
         await worker.cancel()
 
-    return Agent(worker, context, tts, figures, echo)
+    return Agent(worker, context, tts, figures, echo, strategies.stop[0])
 
 
 def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePrompts | None = None):

@@ -1,0 +1,110 @@
+"""Speculative replies: the LLM starts on the caller's words at the VAD stop, before the end of turn is known.
+
+Why: when smart-turn calls a finished turn incomplete, the turn waits for its silence timeout and
+only then does the LLM start; the caller hears the whole wait plus the LLM's first token plus the
+TTS's first audio. Started at the transcript instead, the LLM's part runs inside the wait.
+
+:class:`SpeculativeTurnStop` is the demo's stop strategy (Silero VAD stop, then smart-turn, then the
+transcript: Pipecat's ``TurnAnalyzerUserTurnStopStrategy``) plus Pipecat 1.14's own speculation
+protocol, which its LLM services already honour:
+
+* the first transcript after a VAD stop starts an inference on the turn's text so far
+  (``trigger_user_turn_inference_triggered(speculation=...)``): the user aggregator runs it on a
+  provisional copy of the context, and the LLM service holds every frame of its response;
+* the end of turn, when the words are the same, confirms it (``confirms_speculation``): the
+  held response is released at once and no second inference runs;
+* the caller speaking again, or an end of turn with other words, withdraws it
+  (``EagerEndOfTurnCancelFrame``): the LLM service stops that inference and drops what it held;
+  nothing of it is heard, and the turn's words are answered together when it does end.
+
+The held response is text: the TTS starts on it at the release, so the TTS's first audio is still
+after the end of turn (holding audio too would need the TTS to run for a turn that may not be).
+:attr:`SpeculativeTurnStop.counts` says how much work was wasted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipecat.frames.frames import Frame, TranscriptionFrame, VADUserStartedSpeakingFrame
+from pipecat.turns.types import ProcessFrameResult, UserTurnSpeculation
+from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def same_words(a: str, b: str) -> bool:
+    """Whether two transcripts say the same words (case and punctuation aside)."""
+    return _WORD.findall(a.lower()) == _WORD.findall(b.lower())
+
+
+@dataclass
+class SpeculationCounts:
+    """Speculative inferences per call: started, confirmed (their response played), withdrawn (wasted)."""
+
+    started: int = 0
+    confirmed: int = 0
+    withdrawn: int = 0
+
+
+class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
+    """The turn analyzer's end of turn, with the reply's inference started at the first transcript."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.counts = SpeculationCounts()
+        self._turn_text = ""  # every transcript of the open turn (the base keeps only the last)
+        self._turn_open = False
+        self._speculation: UserTurnSpeculation | None = None
+
+    async def handle_user_turn_started(self) -> None:
+        await super().handle_user_turn_started()
+        self._turn_open = True
+
+    async def handle_user_turn_stopped(self) -> None:
+        self._turn_open = False
+        await super().handle_user_turn_stopped()
+
+    async def _reset(self) -> None:
+        # a turn boundary with a speculation still in flight (a stop timeout, an interruption): withdraw it
+        await self._withdraw()
+        self._turn_text = ""
+        await super()._reset()
+
+    async def process_frame(self, frame: Frame) -> ProcessFrameResult:
+        if isinstance(frame, VADUserStartedSpeakingFrame):
+            await self._withdraw()  # the caller goes on: what was started answers half a turn
+        elif isinstance(frame, TranscriptionFrame) and frame.text.strip():
+            self._turn_text = f"{self._turn_text} {frame.text.strip()}".strip()
+        result = await super().process_frame(frame)  # may end the turn (then handle_user_turn_stopped ran)
+        if (
+            isinstance(frame, TranscriptionFrame)
+            and self._turn_open
+            and self._speculation is None
+            and not self._vad_user_speaking
+            and self._turn_text
+        ):
+            self._speculation = UserTurnSpeculation(text=self._turn_text)
+            self.counts.started += 1
+            await self.trigger_user_turn_inference_triggered(speculation=self._speculation)
+        return result
+
+    async def trigger_user_turn_stopped(self, *, enable_user_speaking_frames: bool | None = None) -> None:
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None and same_words(speculation.text, self._turn_text):
+            self.counts.confirmed += 1
+            await self.trigger_user_turn_finalized(
+                enable_user_speaking_frames=enable_user_speaking_frames, confirms_speculation=True
+            )
+            return
+        if speculation is not None:
+            self.counts.withdrawn += 1
+            await self.trigger_user_turn_speculation_cancelled()
+        await super().trigger_user_turn_stopped(enable_user_speaking_frames=enable_user_speaking_frames)
+
+    async def _withdraw(self) -> None:
+        if self._speculation is not None:
+            self._speculation = None
+            self.counts.withdrawn += 1
+            await self.trigger_user_turn_speculation_cancelled()
