@@ -133,7 +133,7 @@ class Sampling:
 class ChatEngine:
     """Generates from token prompts on a :class:`Llama`, keeping each conversation's cache in a slot.
 
-    Not thread-safe by design: callers serialise requests (one model, two cores).
+    Not thread-safe by design: one thread drives it (LocalLLM's worker interleaves the generators).
 
     ``follow_trims``: when a conversation comes back with its oldest turns dropped (its history
     outgrew the cache), move the cached rest into place (:meth:`Llama.shift`) instead of
@@ -144,6 +144,7 @@ class ChatEngine:
         self.model = model
         self.follow_trims = follow_trims
         self.slots = [_Slot() for _ in range(model.slots)]
+        self.busy: set[int] = set()  # slots whose request is running (see generate)
         self.last = TurnStats()
 
     def reset(self) -> None:
@@ -162,7 +163,7 @@ class ChatEngine:
         found = None  # (reused, slot, source position, length)
         for i, s in enumerate(self.slots):
             n = matches[i]
-            if n >= len(prompt) or n >= s.prompt_len:
+            if i in self.busy or n >= len(prompt) or n >= s.prompt_len:
                 continue  # nothing cut: the ordinary path
             first = prompt[n]
             for b in range(n + 1, min(s.prompt_len, len(s.ids))):
@@ -187,12 +188,16 @@ class ChatEngine:
         was played, or re-tokenised. Otherwise this is another conversation that merely shares
         a beginning (the system prompt), or an edited history: it takes the least recently used
         other slot, with the shared prefix's keys/values copied over (a copy, not a recompute),
-        so the first conversation's cache survives.
+        so the first conversation's cache survives. A busy slot (a request running in it) is
+        never taken, only copied from: the positions it shares with this prompt stay as they are.
         """
+        free = [i for i in range(len(self.slots)) if i not in self.busy]
+        if not free:
+            raise RuntimeError(f"all {len(self.slots)} slots are busy: admit at most that many requests at once")
         best = max(range(len(self.slots)), key=lambda i: (matches[i], self.slots[i].used))
         n = matches[best]
-        others = [i for i in range(len(self.slots)) if i != best or n == 0]
-        if not others or (n > 0 and n >= self.slots[best].prompt_len):
+        others = [i for i in free if i != best or n == 0]
+        if best not in self.busy and (not others or (n > 0 and n >= self.slots[best].prompt_len)):
             return best, n
         target = min(others, key=lambda i: self.slots[i].used)  # a free slot (used 0) first
         if n == 0:
@@ -205,11 +210,21 @@ class ChatEngine:
         return target, n
 
     def generate(
-        self, prompt: list[int], sampling: Sampling, *, eos_ids: frozenset[int], stop: threading.Event | None = None
-    ) -> Iterator[int]:
-        """Yield the reply's token ids (end token excluded); :attr:`last` holds the request's figures.
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        *,
+        eos_ids: frozenset[int],
+        stop: threading.Event | None = None,
+        stats: TurnStats | None = None,
+        yield_prefill: bool = False,
+    ) -> Iterator[int | None]:
+        """Yield the reply's token ids (end token excluded); ``stats`` (and :attr:`last`) get its figures.
 
         Stops at an end token, after ``max_tokens``, or at the first step after ``stop`` is set.
+        ``yield_prefill``: also yield None after each prompt chunk but the last, so that one
+        thread serving several requests can interleave them (:class:`pipelines.local_llm.LocalLLM`).
+        A slot is claimed while its generator runs; another request never takes it meanwhile.
         """
         m = self.model
         if not prompt:
@@ -224,45 +239,53 @@ class ChatEngine:
             moved = reused - matches[slot_i]
         else:
             (slot_i, reused), moved, dropped = self._place(prompt, matches), 0, 0
-        slot = self.slots[slot_i]
-        reused = min(reused, len(prompt) - 1)  # the last prompt token must run: its logits pick the first reply token
-        stats = self.last = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused, slot=slot_i)
-        stats.moved_tokens, stats.dropped_tokens = moved, dropped
-        slot.ids = prompt[:reused]  # what stays valid whatever happens below
-        slot.prompt_len, slot.used = len(prompt), time.monotonic()
-        gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-        seen = torch.zeros(m.cfg.vocab_size, dtype=torch.bool)
-        seen[torch.tensor(prompt)] = True
-        t0 = time.perf_counter()
-        for pos in range(reused, len(prompt), PREFILL_CHUNK):
-            if pos > reused and stop is not None and stop.is_set():
-                stats.prefill_s, stats.finish_reason = time.perf_counter() - t0, "stop"
-                return
-            end = min(pos + PREFILL_CHUNK, len(prompt))
-            logits = m.forward(prompt[pos:end], slot_i, pos)
-            slot.ids = prompt[:end]
-        stats.prefill_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        limit = min(sampling.max_tokens, budget)
-        stats.finish_reason = "length"
+        self.busy.add(slot_i)
         try:
-            while stats.completion_tokens < limit:
-                token = _choose(logits, seen, sampling, gen)
-                if token in eos_ids:
-                    stats.finish_reason = "stop"
-                    break
-                stats.completion_tokens += 1
-                yield token
-                if stop is not None and stop.is_set():
-                    stats.finish_reason = "stop"
-                    break
-                if stats.completion_tokens >= limit:
-                    break
-                seen[token] = True
-                logits = m.forward([token], slot_i, len(slot.ids))
-                slot.ids.append(token)
+            slot = self.slots[slot_i]
+            reused = min(reused, len(prompt) - 1)  # the last prompt token must run: its logits pick the first one
+            stats = self.last = stats or TurnStats()
+            stats.prompt_tokens, stats.reused_tokens, stats.slot = len(prompt), reused, slot_i
+            stats.moved_tokens, stats.dropped_tokens = moved, dropped
+            slot.ids = prompt[:reused]  # what stays valid whatever happens below
+            slot.prompt_len, slot.used = len(prompt), time.monotonic()
+            gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+            seen = torch.zeros(m.cfg.vocab_size, dtype=torch.bool)
+            seen[torch.tensor(prompt)] = True
+            t0 = time.perf_counter()
+            for pos in range(reused, len(prompt), PREFILL_CHUNK):
+                if pos > reused:
+                    if yield_prefill:
+                        yield None
+                    if stop is not None and stop.is_set():
+                        stats.prefill_s, stats.finish_reason = time.perf_counter() - t0, "stop"
+                        return
+                end = min(pos + PREFILL_CHUNK, len(prompt))
+                logits = m.forward(prompt[pos:end], slot_i, pos)
+                slot.ids = prompt[:end]
+            stats.prefill_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            limit = min(sampling.max_tokens, budget)
+            stats.finish_reason = "length"
+            try:
+                while stats.completion_tokens < limit:
+                    token = _choose(logits, seen, sampling, gen)
+                    if token in eos_ids:
+                        stats.finish_reason = "stop"
+                        break
+                    stats.completion_tokens += 1
+                    yield token
+                    if stop is not None and stop.is_set():
+                        stats.finish_reason = "stop"
+                        break
+                    if stats.completion_tokens >= limit:
+                        break
+                    seen[token] = True
+                    logits = m.forward([token], slot_i, len(slot.ids))
+                    slot.ids.append(token)
+            finally:
+                stats.decode_s = time.perf_counter() - t1
         finally:
-            stats.decode_s = time.perf_counter() - t1
+            self.busy.discard(slot_i)
 
 
 def _choose(logits: torch.Tensor, seen: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:

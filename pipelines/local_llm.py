@@ -11,13 +11,15 @@ llama-cpp-python has no wheel here (it compiles for ~9 minutes) and transformers
 is several times slower on 2 cores; figures and the command that measures them are in
 docs/BENCHMARKS.md (``scripts/llm_bench.py``).
 
-Long calls: each conversation's cache holds the model's own context (``--max-len``, default
-from the model's metadata: 8,192 tokens for SmolLM2). A history that outgrows it loses its oldest
-messages (system messages and the last one stay), a few at a time, and the server logs one INFO
+Long calls: each conversation's cache holds ``--max-len`` tokens (2,048 by default; ``model``:
+the model's own context from its metadata, 8,192 for SmolLM2, whose replies degrade well before
+that). A history that outgrows it loses its oldest messages (system messages and the last one stay), a few at a time, and the server logs one INFO
 line ("a conversation outgrew the N-token context: its oldest K messages are dropped ...") each
 time the window moves. The cache follows the cut (``--trim shift``, see :class:`LocalLLM`), so
 such a turn still reads only its new tokens. Requests are parsed and tokenised in a worker
 thread and the model runs in one, so ``/healthz`` answers while a long prompt is being read.
+That one thread interleaves concurrent requests step by step (``--concurrent``, see
+:class:`LocalLLM`), so several calls' first tokens do not wait for each other's whole replies.
 
 The first start reads the GGUF, packs its weights for torch's int4 kernel and converts its
 tokenizer (with transformers, once); the result is cached in ``~/.cache/streamvox/llm/`` so later
@@ -39,6 +41,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import shutil
 import threading
 import time
@@ -58,6 +61,12 @@ CACHE_VERSION = "v3"  # bump when the cached tensors' layout changes
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 TRIM_STEP = 4  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit_prompt)
 TRIMS = ("shift", "reread")  # how the cache follows a trimmed history (see LocalLLM)
+# Tokens a conversation's cache holds unless told otherwise (--max-len, "model": the model's own
+# context, from its metadata). Not SmolLM2's 8,192: past ~3,500 tokens of a call its replies fall
+# apart (the float32 reference too), and on one CPU thread each turn's prefill grows with the
+# history it attends to (docs/BENCHMARKS.md, "Long calls and the local LLM").
+DEFAULT_CONTEXT = 2048
+MAX_WAITING = 16  # requests queued behind the running ones; more get "busy" (HTTP 503)
 
 
 class LLMLoadError(Exception):
@@ -66,6 +75,10 @@ class LLMLoadError(Exception):
 
 class PromptTooLong(ValueError):
     """Even the last message alone does not fit the model's cache."""
+
+
+class LLMBusy(RuntimeError):
+    """Every slot is generating and the queue behind them is full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +123,35 @@ def _gguf_key(path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
+@dataclass(eq=False, slots=True)
+class _Job:
+    """One request on its way through :meth:`LocalLLM._serve`."""
+
+    fitted: FittedPrompt
+    sampling: Any
+    stop: threading.Event
+    emit: Callable[[str], Any]
+    done: Callable[[tuple[int, int, str, int] | BaseException], Any]
+    stats: Any = None
+    tokens: Any = None  # the engine's generator
+    decoder: Any = None
+
+
 class LocalLLM:
-    """A small Llama on the CPU, generating one request at a time in a worker thread.
+    """A small Llama on the CPU, in one worker thread that interleaves the requests it runs.
+
+    ``concurrent`` (default: ``slots``): requests generating at once. The worker advances each
+    by one step in turn (a decode step, or a prompt chunk of at most ``PREFILL_CHUNK`` tokens),
+    so a second caller's first token waits for one step of each other call, not for their
+    whole replies; more requests wait in a queue (at most ``MAX_WAITING``, then
+    :class:`LLMBusy`). ``concurrent=1``: one request at a time, in order.
 
     ``threads``: torch intra-op threads for generation. The default is 1: the demo shares two
     cores with Whisper and the TTS server, and with 2 threads decoding collapses whenever
     another process holds a core (see docs/BENCHMARKS.md, "local LLM").
     ``slots``: conversations whose KV caches are kept at once; ``max_len``: tokens per slot
-    (default: the model's own context, from the GGUF's or config's metadata).
+    (default ``DEFAULT_CONTEXT``; ``"model"``: the model's own context, from the GGUF's or
+    config's metadata; never more than that).
     ``trim``: what happens when a history outgrows the cache and loses its oldest messages.
     ``shift`` (default): the cached rest moves into place (:meth:`Llama.shift`) and the turn
     reads only its new tokens; the kept turns' deeper layers still carry a trace of what they
@@ -132,11 +166,15 @@ class LocalLLM:
         threads: int | None = None,
         precision: str = "int4",
         slots: int = 4,
-        max_len: int | None = None,
+        max_len: int | str | None = None,
         trim: str = "shift",
+        concurrent: int | None = None,
     ) -> None:
         if trim not in TRIMS:
             raise ValueError(f"trim {trim!r}: use one of {', '.join(TRIMS)}")
+        if not 1 <= (concurrent or slots) <= slots:
+            raise ValueError(f"concurrent must be within [1, slots={slots}], got {concurrent}")
+        self.concurrent = concurrent or slots
         self.source = Path(model_path or os.environ.get(MODEL_ENV) or bundled_gguf()).expanduser()
         self.threads = threads or 1
         self.precision, self.slots, self.max_len, self.trim = precision, slots, max_len, trim
@@ -144,8 +182,10 @@ class LocalLLM:
         self.engine = None
         self.tokenizer = None
         self.folder: Path | None = None
-        self._lock = threading.Lock()
         self._told: dict[int, int] = {}  # slot -> messages dropped that were already logged
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._pending = 0  # requests submitted and not finished (queued or running)
+        self._count_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     def load(self, progress: Callable[[str], Any] = print) -> None:
@@ -167,12 +207,14 @@ class LocalLLM:
                 raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
             self.tokenizer = _chat_tokenizer(folder)
             self.folder = folder  # where the tokenizer (and for a GGUF, the prepared weights) are
-            model = Llama(cfg, tensors, slots=self.slots, max_len=self.max_len or cfg.max_position)
+            context = cfg.max_position if self.max_len == "model" else int(self.max_len or DEFAULT_CONTEXT)
+            model = Llama(cfg, tensors, slots=self.slots, max_len=context)
         except (ModelFormatError, OSError, ValueError, KeyError) as exc:
             raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._warm_up()
+        threading.Thread(target=self._serve, name=f"llm-{self.name}", daemon=True).start()
         progress(
             f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s "
             f"({self.precision}, {self.threads} thread, {self.max_len}-token context)"
@@ -215,11 +257,10 @@ class LocalLLM:
         import torch
 
         model = self.engine.model
-        with self._lock:
-            torch.set_num_threads(self.threads)
-            model.forward([0] * 32, 0, 0)  # the dense prefill path
-            model.forward([0] * 8, 0, 32)  # the int4 path with a mask
-            model.forward([0], 0, 40)  # a decode step
+        torch.set_num_threads(self.threads)
+        model.forward([0] * 32, 0, 0)  # the dense prefill path
+        model.forward([0] * 8, 0, 32)  # the int4 path with a mask
+        model.forward([0], 0, 40)  # a decode step
         self.engine.reset()
 
     # ------------------------------------------------------------------ generation
@@ -271,34 +312,133 @@ class LocalLLM:
         ``prompt``: :meth:`fit_prompt`'s result for ``messages`` when the caller has it already.
         Returns (prompt tokens, completion tokens, finish reason, prompt tokens from the cache).
         """
-        import torch
+        done = threading.Event()
+        result: list[tuple[int, int, str, int] | BaseException] = []
 
+        def finished(r: tuple[int, int, str, int] | BaseException) -> None:
+            result.append(r)
+            done.set()
+
+        self.submit(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop=stop,
+            emit=emit,
+            done=finished,
+            prompt=prompt,
+        )
+        done.wait()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    @property
+    def busy(self) -> bool:
+        """Whether any request is queued or running."""
+        return self._pending > 0
+
+    @property
+    def full(self) -> bool:
+        """Whether a new request would be refused (:class:`LLMBusy`)."""
+        return self._pending >= self.concurrent + MAX_WAITING
+
+    def submit(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        stop: threading.Event,
+        emit: Callable[[str], Any],
+        done: Callable[[tuple[int, int, str, int] | BaseException], Any],
+        seed: int | None = None,
+        prompt: FittedPrompt | None = None,
+    ) -> None:
+        """Queue a request: ``emit(text)`` per piece and ``done(result or error)`` once, from the worker."""
         from .llm_chat import Sampling
 
         if self.engine is None:
             raise RuntimeError("call load() first")
         sampling = Sampling(max_tokens=max_tokens, temperature=temperature, seed=seed)
         fitted = prompt or self.fit_prompt(messages, max_tokens)
-        with self._lock:
-            torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
-            decoder = self.tokenizer.decoder()
-            for token in self.engine.generate(fitted.ids, sampling, eos_ids=self.tokenizer.eos_ids, stop=stop):
-                piece = decoder.push(token)
-                if piece:
-                    emit(piece)
-            last = self.engine.last
-            self._tell_trim(fitted, last)
-        log.debug(
-            "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",
-            last.prompt_tokens,
-            last.reused_tokens,
-            last.slot,
-            last.prefill_s * 1000,
-            last.completion_tokens,
-            last.decode_s * 1000,
-            last.finish_reason,
+        with self._count_lock:
+            if self.full:
+                raise LLMBusy(f"{self._pending} requests are running or waiting; try again shortly")
+            self._pending += 1
+        self._jobs.put(_Job(fitted, sampling, stop, emit, done))
+
+    # ------------------------------------------------------------------ the worker
+    def _serve(self) -> None:
+        """The worker thread: admit up to ``concurrent`` requests, advance each one step in turn."""
+        import torch
+
+        torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
+        active: list[_Job] = []
+        while True:
+            while len(active) < self.concurrent:
+                try:
+                    job = self._jobs.get(block=not active)
+                except queue.Empty:
+                    break
+                active.append(self._begin(job))
+            active = [job for job in active if self._step(job)]
+
+    def _begin(self, job: _Job) -> _Job:
+        from .llm_chat import TurnStats
+
+        job.stats = TurnStats()
+        job.decoder = self.tokenizer.decoder()
+        job.tokens = self.engine.generate(
+            job.fitted.ids,
+            job.sampling,
+            eos_ids=self.tokenizer.eos_ids,
+            stop=job.stop,
+            stats=job.stats,
+            yield_prefill=self.concurrent > 1,
         )
-        return last.prompt_tokens, last.completion_tokens, last.finish_reason, last.reused_tokens
+        return job
+
+    def _step(self, job: _Job) -> bool:
+        """One step of ``job``; False once it has finished (its ``done`` called)."""
+        try:
+            token = next(job.tokens)
+        except StopIteration:
+            self._finish(job, None)
+            return False
+        except Exception as exc:  # delivered to the request, the worker goes on
+            self._finish(job, exc)
+            return False
+        if token is not None:
+            piece = job.decoder.push(token)
+            if piece:
+                try:
+                    job.emit(piece)
+                except Exception:  # the consumer is gone (its loop closed): stop at the next step
+                    job.stop.set()
+        return True
+
+    def _finish(self, job: _Job, error: BaseException | None) -> None:
+        with self._count_lock:
+            self._pending -= 1
+        last = job.stats
+        if error is None:
+            self._tell_trim(job.fitted, last)
+            log.debug(
+                "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",
+                last.prompt_tokens,
+                last.reused_tokens,
+                last.slot,
+                last.prefill_s * 1000,
+                last.completion_tokens,
+                last.decode_s * 1000,
+                last.finish_reason,
+            )
+        try:
+            job.done(error or (last.prompt_tokens, last.completion_tokens, last.finish_reason, last.reused_tokens))
+        except Exception:  # the waiter's loop is gone; nothing to tell
+            log.debug("a finished request had no one left to tell")
 
     def _tell_trim(self, fitted: FittedPrompt, last: Any) -> None:
         """One log line when a conversation's window moves: the model no longer sees its start."""
@@ -337,31 +477,35 @@ class LocalLLM:
         ``finish_reason`` and ``cached_tokens`` once the stream has ended.
         """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
+        pieces: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
+        finished: asyncio.Future = loop.create_future()
         stop = threading.Event()
 
-        def work() -> None:
-            try:
-                result = self.stream(
-                    messages,
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                    stop=stop,
-                    seed=seed,
-                    prompt=prompt,
-                    emit=lambda t: loop.call_soon_threadsafe(queue.put_nowait, t),
-                )
+        def resolve(result: tuple[int, int, str, int] | BaseException) -> None:
+            if isinstance(result, BaseException):
+                pieces.put_nowait(result)
+            else:
                 if info is not None:
                     keys = ("prompt_tokens", "completion_tokens", "finish_reason", "cached_tokens")
                     info.update(zip(keys, result, strict=True))
-                loop.call_soon_threadsafe(queue.put_nowait, None)
-            except BaseException as exc:  # delivered to the consumer, not lost in the thread
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                pieces.put_nowait(None)
+            finished.set_result(None)
 
-        worker = loop.run_in_executor(None, work)
+        if prompt is None:  # tokenising a long history is no job for the event loop
+            prompt = await loop.run_in_executor(None, self.fit_prompt, messages, max_tokens)
+        self.submit(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop=stop,
+            prompt=prompt,
+            emit=lambda t: loop.call_soon_threadsafe(pieces.put_nowait, t),
+            done=lambda r: loop.call_soon_threadsafe(resolve, r),
+        )
         try:
             while True:
-                item = await queue.get()
+                item = await pieces.get()
                 if item is None:
                     break
                 if isinstance(item, BaseException):
@@ -369,7 +513,7 @@ class LocalLLM:
                 yield item
         finally:
             stop.set()
-            await asyncio.shield(worker)
+            await asyncio.shield(finished)
 
 
 def _convert_tokenizer(gguf: Path, folder: Path) -> None:
@@ -461,6 +605,8 @@ def build_app(llm: LocalLLM) -> web.Application:
         if isinstance(parsed, str):
             return _bad(400, parsed)
         body, msgs, options, prompt = parsed
+        if llm.full:
+            return _bad(503, "the local LLM is busy: every slot is generating and its queue is full; try again shortly")
         options["prompt"] = prompt
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
         info: dict[str, Any] = {}
@@ -550,6 +696,18 @@ def _text_of(content: Any) -> str:
     raise TypeError("unsupported content")
 
 
+def _max_len(text: str) -> int | str:
+    if text == "model":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of tokens nor 'model'") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a cache needs at least 2 tokens, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.local_llm", description="offline OpenAI-compatible chat endpoint (SmolLM2 by default)"
@@ -561,7 +719,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=("int4", "fp32"), default="int4")
     parser.add_argument("--slots", type=int, default=4, help="conversations whose KV caches are kept (default 4)")
     parser.add_argument(
-        "--max-len", type=int, default=None, help="tokens per conversation cache (default: the model's context)"
+        "--max-len",
+        type=_max_len,
+        default=None,
+        help=f"tokens per conversation cache (default {DEFAULT_CONTEXT}; 'model': the model's own context)",
     )
     parser.add_argument(
         "--trim",
@@ -569,6 +730,12 @@ def main(argv: list[str] | None = None) -> int:
         default="shift",
         help="a history past the cache loses its oldest messages; shift (default): the cache follows, "
         "reread: the rest is read again (exact, slow)",
+    )
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        default=None,
+        help="requests generating at once, interleaved step by step (default: --slots; 1: one at a time)",
     )
     parser.add_argument("--verbose", action="store_true", help="log each request's prefill and decode figures")
     args = parser.parse_args(argv)
@@ -583,9 +750,10 @@ def main(argv: list[str] | None = None) -> int:
             slots=args.slots,
             max_len=args.max_len,
             trim=args.trim,
+            concurrent=args.concurrent,
         )
         llm.load()
-    except LLMLoadError as exc:
+    except (LLMLoadError, ValueError) as exc:
         print(f"local_llm: {exc}")
         return 2
     print(f"local LLM {llm.name} at http://{args.host}:{args.port}/v1", flush=True)

@@ -15,7 +15,12 @@ Per turn: first token (request sent -> first content chunk), prompt tokens, toke
 (prompt - ``usage.prompt_tokens_details.cached_tokens``), the server's RSS. Summary: median and
 p95 (nearest rank) over turns 1-10 and 50-60, the worst turn, turns over 1 s.
 
+``--calls N``: instead, N callers' first turns sent at once (``--rounds`` times, a fresh
+conversation each round), against ``--concurrent 1`` (one request at a time, as before issue 22
+part 5) and the default (interleaved): each call's first-token time, sorted.
+
     .venv/bin/python scripts/long_call.py --json out/long_call.json
+    .venv/bin/python scripts/long_call.py --calls 4 --json out/four_calls.json
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ CONFIGS = {
     "before": ["--max-len", "2048", "--trim", "reread"],
     "after": [],
     "8k-reread": ["--trim", "reread"],
+    "2k-shift": ["--max-len", "2048"],
 }
+CALL_CONFIGS = {"one-at-a-time": ["--concurrent", "1"], "interleaved": []}
+FIRST_TURNS = [
+    "Hi! Where is my order? I placed it last week.",
+    "Hello, can you help me book a table for four tonight?",
+    "Good morning. My internet keeps dropping, what should I try?",
+    "Hey there, what is a good name for a red boat?",
+]
 TOPICS = [
     "my parcel that was meant to arrive on Tuesday",
     "the broken heater in the spare bedroom",
@@ -137,6 +150,41 @@ def _start(port: int, args: list[str], log_file) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file)
 
 
+async def run_calls(name: str, args: list[str], calls: int, rounds: int, max_tokens: int) -> list[list[float]]:
+    """First-token times (s) of ``calls`` first turns sent at once, per round, sorted."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log_file:
+        proc = _start(port, args, log_file)
+        try:
+            await _wait_ready(base, proc)
+            out = []
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
+                for r in range(rounds):
+                    asks = [
+                        [
+                            {"role": "system", "content": SYSTEM_PROMPT},
+                            {"role": "user", "content": f"{FIRST_TURNS[i % len(FIRST_TURNS)]} (call {r}.{i})"},
+                        ]
+                        for i in range(calls)
+                    ]
+                    figures = await asyncio.gather(*(_turn(s, base, m, max_tokens) for m in asks))
+                    out.append(sorted(f["first_token_s"] for f in figures))
+                    print(f"{name}: round {r + 1}: " + " / ".join(f"{t * 1000:.0f}" for t in out[-1]) + " ms")
+            return out
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 async def run_config(name: str, args: list[str], turns: int, max_tokens: int) -> list[dict]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -161,12 +209,7 @@ async def run_config(name: str, args: list[str], turns: int, max_tokens: int) ->
                 )
         return figures
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
         log_file.seek(0)
         trims = [line for line in log_file.read().splitlines() if "outgrew" in line]
         log_file.close()
@@ -200,6 +243,11 @@ def summary(figures: list[dict]) -> dict:
 
 async def main_async(args: argparse.Namespace) -> dict:
     results = {}
+    if args.calls:
+        for name, server_args in CALL_CONFIGS.items():
+            rounds = await run_calls(name, server_args, args.calls, args.rounds, args.max_tokens)
+            results[name] = {"args": server_args, "first_token_s": rounds}
+        return results
     for name in args.configs:
         figures = await run_config(name, CONFIGS[name], args.turns, args.max_tokens)
         results[name] = {"args": CONFIGS[name], "summary": summary(figures), "turns": figures}
@@ -214,11 +262,24 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=96, help="at most this many tokens a reply")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["before", "after"])
+    parser.add_argument("--calls", type=int, default=0, help="measure this many first turns at once instead")
+    parser.add_argument("--rounds", type=int, default=3, help="with --calls: rounds of simultaneous first turns")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    if args.turns < 2 or args.max_tokens < 1:
-        parser.error("--turns must be >= 2 and --max-tokens >= 1")
+    if args.turns < 2 or args.max_tokens < 1 or args.calls < 0 or args.rounds < 1:
+        parser.error("--turns must be >= 2, --max-tokens and --rounds >= 1, --calls >= 0")
     results = asyncio.run(main_async(args))
+    if args.calls:
+        for name, r in results.items():
+            by_rank = [statistics.median(round_[k] for round_ in r["first_token_s"]) for k in range(args.calls)]
+            print(
+                f"{name}: median over rounds, fastest to slowest call: "
+                + " / ".join(f"{t * 1000:.0f}" for t in by_rank)
+                + " ms"
+            )
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return 0
     print()
     print("| config | turns 1-10 median / p95 | turns 50-60 median / p95 | worst (turn) | turns > 1 s | most read |")
     print("|---|---|---|---|---|---|")
