@@ -312,3 +312,16 @@ def test_the_models_own_context_comes_from_its_metadata() -> None:
     whole = LocalLLM(slots=1, max_len="model")
     whole.load(progress=lambda *_: None)
     assert whole.max_len == whole.engine.model.max_len == int(field.contents()) == 8192
+
+
+async def test_a_full_queue_is_refused_with_503_and_a_reason(base_url: str, llm, monkeypatch) -> None:
+    import pipelines.local_llm as local_llm
+
+    monkeypatch.setattr(local_llm, "MAX_WAITING", -llm.concurrent)  # as if every place were taken
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{base_url}/chat/completions", json={"messages": QUESTION, "max_tokens": 4}) as resp:
+            assert resp.status == 503
+            assert "busy" in (await resp.json())["error"]["message"]
+    with pytest.raises(local_llm.LLMBusy):
+        llm.submit(QUESTION, max_tokens=4, temperature=0.0, stop=threading.Event(), emit=print, done=print)
+    assert not llm.busy
