@@ -13,13 +13,14 @@ docs/BENCHMARKS.md (``scripts/llm_bench.py``).
 
 Long calls: each conversation's cache holds ``--max-len`` tokens (2,048 by default; ``model``:
 the model's own context from its metadata, 8,192 for SmolLM2, whose replies degrade well before
-that). A history that outgrows it loses its oldest messages (system messages and the last one stay), a few at a time, and the server logs one INFO
-line ("a conversation outgrew the N-token context: its oldest K messages are dropped ...") each
-time the window moves. The cache follows the cut (``--trim shift``, see :class:`LocalLLM`), so
-such a turn still reads only its new tokens. Requests are parsed and tokenised in a worker
-thread and the model runs in one, so ``/healthz`` answers while a long prompt is being read.
-That one thread interleaves concurrent requests step by step (``--concurrent``, see
-:class:`LocalLLM`), so several calls' first tokens do not wait for each other's whole replies.
+that). A history that outgrows it loses its oldest messages (system messages and the last one
+stay), a few at a time, and the server logs one INFO line ("a conversation outgrew the N-token
+context: its oldest K messages are dropped ...") each time the window moves. The cache follows
+the cut (``--trim shift``, see :class:`LocalLLM`), so such a turn still reads only its new
+tokens. Requests are parsed and tokenised in a worker thread and the model runs in one, so
+``/healthz`` answers while a long prompt is being read. That one thread interleaves concurrent
+requests step by step (``--concurrent``), so several calls' first tokens do not wait for each
+other's whole replies.
 
 The first start reads the GGUF, packs its weights for torch's int4 kernel and converts its
 tokenizer (with transformers, once); the result is cached in ``~/.cache/streamvox/llm/`` so later
@@ -382,7 +383,10 @@ class LocalLLM:
                     job = self._jobs.get(block=not active)
                 except queue.Empty:
                     break
-                active.append(self._begin(job))
+                if job.stop.is_set():  # its caller left while it waited: nothing to read or say
+                    self._finish(job, None)
+                else:
+                    active.append(self._begin(job))
             active = [job for job in active if self._step(job)]
 
     def _begin(self, job: _Job) -> _Job:
@@ -423,7 +427,11 @@ class LocalLLM:
         with self._count_lock:
             self._pending -= 1
         last = job.stats
-        if error is None:
+        if last is None:  # never started
+            from .llm_chat import TurnStats
+
+            last = TurnStats()
+        elif error is None:
             self._tell_trim(job.fitted, last)
             log.debug(
                 "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",

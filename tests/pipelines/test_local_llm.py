@@ -325,3 +325,11 @@ async def test_a_full_queue_is_refused_with_503_and_a_reason(base_url: str, llm,
     with pytest.raises(local_llm.LLMBusy):
         llm.submit(QUESTION, max_tokens=4, temperature=0.0, stop=threading.Event(), emit=print, done=print)
     assert not llm.busy
+
+
+def test_a_request_whose_caller_left_while_it_waited_is_not_run(llm) -> None:
+    stop = threading.Event()
+    stop.set()
+    before = llm.engine.last
+    assert llm.stream(QUESTION, max_tokens=8, temperature=0.0, stop=stop, emit=print) == (0, 0, "stop", 0)
+    assert llm.engine.last is before and not llm.busy
