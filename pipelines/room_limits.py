@@ -10,8 +10,9 @@ transports and each rule can be tested alone.
 
 Settings (environment, read by :meth:`RoomLimits.from_env`):
 
-* ``STREAMVOX_MAX_CALLS``: calls at once, browser and phone together (default: one per CPU core,
-  since the local LLM serves one request at a time and several calls share the cores);
+* ``STREAMVOX_MAX_CALLS``: calls at once, browser and phone together (default: one per CPU core:
+  every call's VAD, Whisper, LLM and TTS share the cores; the local LLM interleaves up to four
+  requests, but each further call still slows the others);
 * ``STREAMVOX_ALLOWED_HOSTS``: host names besides the loopback names that the ``Host`` header
   may carry (a public tunnel's name, a LAN address; ``*``: any);
 * ``STREAMVOX_ALLOWED_ORIGINS``: page origins besides the page's own (``https://app.example``);
@@ -37,8 +38,8 @@ MAX_CALLS_LIMIT = 1000
 
 
 def default_max_calls() -> int:
-    """One call per CPU core: the local LLM answers one request at a time, so each further call
-    waits behind the others for its first word (see issue 22's measurements)."""
+    """One call per CPU core: the calls' STT, LLM and TTS share the cores, and the local LLM's
+    interleaved requests each slow the others (docs/BENCHMARKS.md, issue 22's sections)."""
     return max(1, os.cpu_count() or 1)
 
 
