@@ -45,9 +45,10 @@ __all__ = ["EchoCheckedAgent", "LiveKitEcho"]
 log = logging.getLogger("streamvox.livekit_echo")
 
 # how long after a reply's audio last played a transcript is compared with its words: the delay, the
-# VAD's end of speech and Whisper, which transcribes one utterance at a time (an echo fragment's
-# transcript waits behind the caller's)
-PLAYED_WORDS_S = 8.0
+# VAD's end of speech (an echo heard whole is an utterance as long as the reply) and Whisper, which
+# transcribes one utterance at a time (an echo's transcript waits behind the caller's): 8 s let the
+# echo of a long reply's first sentence through on a loaded machine
+PLAYED_WORDS_S = 15.0
 GAP_S = 0.5  # an output that ran dry for up to this long is told to the canceller as silence
 
 
