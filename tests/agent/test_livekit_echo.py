@@ -159,7 +159,7 @@ async def test_the_agent_does_not_interrupt_itself_on_its_own_echo(lk_tts_server
         return  # the measurement's "before" run: nothing to assert
     # generous: the measurement (docs/BENCHMARKS.md) saw 0-4 pauses in 20 turns on a loaded machine,
     # each resumed; none may become an interruption or a turn the LLM answers
-    assert call.stops <= 1 and not call.interrupted, call
+    assert call.stops <= 1 + turns // 10 and not call.interrupted, call
     assert call.answered == 0, call
     assert call.played_s > 5.0 * turns, call  # every reply heard whole (LONG is ~9 s, SHORT ~5 s)
 
