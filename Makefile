@@ -52,15 +52,16 @@ audio-deps:
 	  echo "make test: espeak-ng not installed; the caller-corpus tests will skip" >&2
 
 # Two runs: everything but the `solo` tests on $(TEST_WORKERS) workers (one file per worker at a
-# time: a file's servers and fixtures stay together), then the `solo` ones (the real browser and the speakerphone echo, whose
-# bounds are about what a caller hears) with the machine to themselves. Both run; either fails it.
+# time: a file's servers and fixtures stay together), then the `solo` ones (the real browser, the
+# speakerphone echo, real-time bursts: bounds about what a caller hears) with the machine to
+# themselves. Both run; either fails it. Each prints its slowest tests.
 TEST_WORKERS ?= 2
 test: $(STAMP) browser-deps haproxy-deps audio-deps
 	$(PY) -m ruff check .
 	@rc=0; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not solo" || rc=$$?; \
-	echo "make test: the solo tests (a real browser, the speakerphone echo), alone on the machine ..."; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m solo || rc=$$?; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not solo" --durations=15 || rc=$$?; \
+	echo "make test: the solo tests (a real browser, the speakerphone echo, real-time bursts), alone ..."; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m solo --durations=5 || rc=$$?; \
 	exit $$rc
 
 lint: $(STAMP)

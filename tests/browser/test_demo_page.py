@@ -170,6 +170,10 @@ def test_echo_path_options_are_checked() -> None:
     assert "window.__streamvoxEchoOptions = " in ECHO.script()
 
 
+# through the question (17-18.4 s); the baseline's 3-9 self-interruptions per 30 s leave several in 20 s
+LOUDSPEAKER_S = 20.0
+
+
 class SelfInterrupted(AssertionError):
     """The agent stopped or answered with the caller silent: what the canceller is for."""
 
@@ -185,7 +189,7 @@ class SelfInterrupted(AssertionError):
 def test_on_loudspeakers_the_agent_does_not_interrupt_itself(chromium, plan, demo) -> None:
     browser, driver = chromium
     s = H.run_session(
-        demo.base, plan, headphones=True, browser=browser, driver_path=driver, echo=ECHO, session_s=H.ECHO_SESSION_S
+        demo.base, plan, headphones=True, browser=browser, driver_path=driver, echo=ECHO, session_s=LOUDSPEAKER_S
     )
     report = s.self_interruptions()
     (H.OUT / "session-echo.json").write_text(json.dumps({"figures": s.figures(), "page": s.page}, indent=1))
@@ -193,7 +197,7 @@ def test_on_loudspeakers_the_agent_does_not_interrupt_itself(chromium, plan, dem
     # the echo was there: the agent's track fed it, and it was loud in what the page sent
     assert s.echo and s.echo["error"] is None and s.echo["remoteTracks"] >= 1, s.echo
     assert s.echo["echoPeakDb"] > -40, s.echo
-    assert report["session_s"] >= H.ECHO_SESSION_S - 1, report
+    assert report["session_s"] >= LOUDSPEAKER_S - 1, report
     if report["count"]:
         transcript = [(x["who"], x["text"], x["interrupted"]) for x in s.page["transcript"]]
         raise SelfInterrupted(f"{ECHO.describe()}: {report}; transcript {transcript}")

@@ -21,6 +21,10 @@ from tts_service.piper.engine import PiperEngine
 from tts_service.piper.scheduler import SchedulerOptions
 
 MAX_SILENCE_S = 0.15
+
+# solo: a strict real-time player's 150 ms is about this server alone on the machine; beside the
+# other make-test worker (and more load) a stream's gap read 155-193 ms while nothing was wrong
+pytestmark = pytest.mark.solo
 TEXTS = [
     "Your table for two is booked for seven tonight.",
     "I can move the appointment to Thursday afternoon.",
