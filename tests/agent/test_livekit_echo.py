@@ -191,7 +191,9 @@ async def test_a_caller_talking_over_the_echo_still_interrupts(lk_tts_server, va
     assert {"stop", "different", "question"} & set(said), call
 
 
-def test_the_worker_cancels_echo_for_sip_callers_by_default_and_drops_the_warm_up_then(monkeypatch):
+# async: AgentSession takes the running loop (a sync test found none in a make-test worker once an
+# earlier test had closed its own)
+async def test_the_worker_cancels_echo_for_sip_callers_by_default_and_drops_the_warm_up_then(monkeypatch):
     from types import SimpleNamespace
 
     from livekit import rtc
