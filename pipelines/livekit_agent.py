@@ -105,7 +105,7 @@ from livekit.agents.utils import AudioBuffer
 
 from agent.livekit import DEFAULT_URL, StreamvoxTTS
 from agent.livekit_echo import EchoCheckedAgent, LiveKitEcho
-from pipelines.persona import env_number, greeting, llm_temperature, system_prompt
+from pipelines.persona import echo_mode, env_number, greeting, llm_temperature, system_prompt
 
 log = logging.getLogger("streamvox.livekit_agent")
 
@@ -114,15 +114,6 @@ DEFAULT_LLM_URL = "http://127.0.0.1:8766/v1"  # python -m pipelines.local_llm
 
 
 SECONDS_SETTINGS = ("MIN_INTERRUPTION_DURATION", "FALSE_INTERRUPTION_TIMEOUT", "AEC_WARMUP_DURATION")
-ECHO_MODES = ("phone", "on", "off")  # STREAMVOX_ECHO_CANCEL, as the Pipecat agent's
-
-
-def echo_mode() -> str:
-    """STREAMVOX_ECHO_CANCEL (default "phone": SIP callers); ValueError with a one-line reason for anything else."""
-    raw = os.environ.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or "phone"
-    if raw not in ECHO_MODES:
-        raise ValueError(f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {raw!r}")
-    return raw
 
 
 def cancels_echo_of(participant: rtc.Participant | None, mode: str) -> bool:
@@ -414,7 +405,7 @@ server = AgentServer(setup_fnc=prewarm)
 
 @server.rtc_session()
 async def entrypoint(ctx: JobContext) -> None:
-    mode = echo_mode()
+    mode = echo_mode(os.environ)
     # "phone" asks who the caller is (a SIP participant or not) before the session starts; the
     # console (a fake job: no room to wait in) is local audio, which LiveKit's own APM cancels there
     participant = await ctx.wait_for_participant() if mode == "phone" and not ctx.is_fake_job() else None
@@ -436,7 +427,7 @@ def _check_livekit_env(argv: list[str]) -> None:
         for name in SECONDS_SETTINGS:
             _env_float(name, 0.0)
         llm_temperature()
-        echo_mode()
+        echo_mode(os.environ)
     except ValueError as exc:
         raise SystemExit(f"livekit_agent: {exc}") from None
     wants_server = any(cmd in argv[1:2] for cmd in ("dev", "start", "connect"))

@@ -59,3 +59,18 @@ def env_number(
     if not low <= value <= high:
         raise ValueError(f"{name} must be {what}, got {raw!r}")
     return value
+
+
+ECHO_MODES = ("phone", "on", "off")
+
+
+def echo_mode(env: Mapping[str, str] = os.environ) -> str:
+    """``STREAMVOX_ECHO_CANCEL`` (default "phone"), where the agent removes its own echo: "phone" (the
+    Pipecat agent: phone calls; the LiveKit worker: SIP participants), "on" (every call), "off".
+    ValueError with a one-line reason for anything else."""
+    raw = env.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or "phone"
+    if raw not in ECHO_MODES:
+        raise ValueError(
+            f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {env.get('STREAMVOX_ECHO_CANCEL')!r}"
+        )
+    return raw

@@ -65,7 +65,7 @@ from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
-from pipelines.persona import GREETING, SYSTEM_PROMPT, greeting, llm_temperature, system_prompt
+from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_room import build_room_app, twilio_transport
@@ -116,19 +116,6 @@ class AgentConfig:
             echo_cancel=echo_mode(env),
             speculate=speculate_mode(env),
         )
-
-
-ECHO_MODES = ("phone", "on", "off")
-
-
-def echo_mode(env) -> str:
-    """STREAMVOX_ECHO_CANCEL (default "phone"); ValueError with a one-line reason for anything else."""
-    raw = env.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or "phone"
-    if raw not in ECHO_MODES:
-        raise ValueError(
-            f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {env.get('STREAMVOX_ECHO_CANCEL')!r}"
-        )
-    return raw
 
 
 def speculate_mode(env) -> bool:

@@ -28,7 +28,7 @@ from support.callers import VOICES, corpus
 from tests.browser import harness as H  # the browser test's page driver, not a copy of it
 
 GREETING_S = 9.0  # the demo's greeting is ~6 s after Connect: the first caller turn comes after it
-REPLY_S = 11.0  # after each turn: the agent's reply and a breath
+REPLY_S = 15.0  # after each turn: the agent's reply (SmolLM2 rambles: ~10 s at times) and a breath
 STAGES = ("vad_stop", "stt_final", "end_of_turn", "llm_first_token", "tts_first_audio", "transport_first_audio")
 
 

@@ -205,7 +205,7 @@ async def test_the_worker_cancels_echo_for_sip_callers_by_default_and_drops_the_
     browser = SimpleNamespace(kind=rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD)
     monkeypatch.delenv("STREAMVOX_ECHO_CANCEL", raising=False)
     monkeypatch.delenv("AEC_WARMUP_DURATION", raising=False)
-    assert echo_mode() == "phone"
+    assert echo_mode(os.environ) == "phone"
     assert cancels_echo_of(sip, "phone") and not cancels_echo_of(browser, "phone")
     assert cancels_echo_of(browser, "on") and not cancels_echo_of(sip, "off")
     monkeypatch.setenv("STREAMVOX_ECHO_CANCEL", "maybe")
