@@ -507,3 +507,20 @@ class TwilioCaller:
         return b"".join(
             base64.b64decode(ev["media"]["payload"]) for t, ev in self.events if ev["event"] == "media" and t >= t0
         )
+
+
+@contextlib.asynccontextmanager
+async def twilio_call(base: str, *, echo=None) -> AsyncIterator[TwilioCaller]:
+    """A Twilio caller on the room at ``base`` (its ``/ws``), sending and receiving until the block ends."""
+    import websockets
+
+    async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
+        caller = TwilioCaller(ws, echo=echo)
+        await caller.hello()
+        tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
+        try:
+            yield caller
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

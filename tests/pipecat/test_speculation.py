@@ -18,10 +18,9 @@ import time
 
 import numpy as np
 import pytest
-import websockets
 
 from pipelines.pipecat_turns import same_words
-from tests.pipecat.harness import TwilioCaller, counting_server, fake_llm, first_time, room_server, voiced
+from tests.pipecat.harness import counting_server, fake_llm, first_time, room_server, twilio_call, voiced
 
 QUESTION = "espeak-caribbean-f4/q-france"  # complete; smart-turn: incomplete (p 0.02 clean, 0.16 on the phone)
 # a pause of 0.4 s (shorter than smart-turn's timeout) after "Can you tell me?", which smart-turn calls
@@ -49,24 +48,16 @@ async def _call(engine, utterance: bytes, replies: list[str], *, speculate: bool
             tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", greeting=None, speculate=speculate
         )
         async with room_server(config) as (base, agents):
-            async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
-                caller = TwilioCaller(ws)
-                await caller.hello()
-                tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
-                try:
-                    await asyncio.sleep(1.0)
-                    sent = time.monotonic()
-                    caller.outgoing.put_nowait(utterance)
-                    while caller.speech_end < sent:
-                        await asyncio.sleep(0.02)
-                    ended = caller.speech_end
-                    await first_time(caller.events, lambda t, ev: t > ended and voiced(ev), 30, "the answer")
-                    while time.monotonic() - max(t for t, ev in caller.events if voiced(ev)) < 1.0:
-                        await asyncio.sleep(0.1)
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
+            async with twilio_call(base) as caller:
+                await asyncio.sleep(1.0)
+                sent = time.monotonic()
+                caller.outgoing.put_nowait(utterance)
+                while caller.speech_end < sent:
+                    await asyncio.sleep(0.02)
+                ended = caller.speech_end
+                await first_time(caller.events, lambda t, ev: t > ended and voiced(ev), 30, "the answer")
+                while time.monotonic() - max(t for t, ev in caller.events if voiced(ev)) < 1.0:
+                    await asyncio.sleep(0.1)
             return requests, caller, ended, agents[0]
 
 
