@@ -24,12 +24,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/, tests.browser.harness
 
+from pipelines.pipecat_figures import TURN_STAGES
 from support.callers import VOICES, corpus
 from tests.browser import harness as H  # the browser test's page driver, not a copy of it
+from tts_service.bench.stats import median, percentile
 
 GREETING_S = 9.0  # the demo's greeting is ~6 s after Connect: the first caller turn comes after it
 REPLY_S = 15.0  # after each turn: the agent's reply (SmolLM2 rambles: ~10 s at times) and a breath
-STAGES = ("vad_stop", "stt_final", "end_of_turn", "llm_first_token", "tts_first_audio", "transport_first_audio")
+STAGES = tuple(TURN_STAGES)  # the server's figures per turn, in the order the agent reports them
 
 
 def mic_for(voice: str, path: Path, limit: int) -> tuple[H.MicPlan, list[dict]]:
@@ -56,29 +58,22 @@ def mic_for(voice: str, path: Path, limit: int) -> tuple[H.MicPlan, list[dict]]:
 def replies(session: H.Session, placed: list[dict]) -> list[dict]:
     """Each caller turn with the page's reply to it: the turn record whose speech end is that turn's end."""
     out = []
+    ends = [(session.mic_t(r["speechEnd"]), r) for r in session.records("turn")]
     for turn in placed:
-        ends = [(session.mic_t(r["speechEnd"]), r) for r in session.records("turn")]
         match = next((r for t, r in ends if turn["end"] - 0.5 <= t <= turn["end"] + 1.0), None)
         out.append({**turn, "v2v_ms": match and match["v2v_ms"], "server": match and match.get("server")})
     return out
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, round(q * (len(v) - 1)))]
-
-
 def summary(rows: list[dict]) -> dict:
     v2v = [r["v2v_ms"] for r in rows if r["v2v_ms"] is not None]
     servers = [r["server"] for r in rows if r["server"]]
-    stages = {k: _pct([s[k] for s in servers if s.get(k) is not None], 0.5) for k in STAGES}
+    stages = {k: median([s[k] for s in servers if s.get(k) is not None]) for k in STAGES}
     return {
         "replies": len(v2v),
         "turns": len(rows),
-        "v2v_ms_median": _pct(v2v, 0.5),
-        "v2v_ms_p95": _pct(v2v, 0.95),
+        "v2v_ms_median": median(v2v),  # as scripts/browser_scenario.py: interpolated percentiles
+        "v2v_ms_p95": percentile(v2v, 95),
         "stages_ms_median": stages,
     }
 

@@ -23,17 +23,27 @@ PHONE_RATE = 8000
 PATHS = ("clean", "page", "phone")
 
 
+def _audioop():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import audioop
+    return audioop
+
+
+def to_mulaw(x16: np.ndarray) -> bytes:
+    """``x16`` (float32, 16 kHz) as a phone line carries it: 8 kHz G.711 μ-law bytes (what a Twilio
+    media stream's payloads hold)."""
+    import soxr
+
+    x8 = soxr.resample(x16, RATE, PHONE_RATE)
+    return _audioop().lin2ulaw((np.clip(x8, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes(), 2)
+
+
 def phone_path(x16: np.ndarray) -> np.ndarray:
     """``x16`` (float32, 16 kHz) down to 8 kHz, through G.711 μ-law and back up to 16 kHz."""
     import soxr
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import audioop
-
-    x8 = soxr.resample(x16, RATE, PHONE_RATE)
-    pcm = (np.clip(x8, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes()
-    back = np.frombuffer(audioop.ulaw2lin(audioop.lin2ulaw(pcm, 2), 2), "<i2").astype(np.float32) / 32768.0
+    back = np.frombuffer(_audioop().ulaw2lin(to_mulaw(x16), 2), "<i2").astype(np.float32) / 32768.0
     return soxr.resample(back, PHONE_RATE, RATE).astype(np.float32)
 
 

@@ -16,7 +16,6 @@ import os
 import shutil
 import time
 
-import numpy as np
 import pytest
 
 from pipelines.pipecat_turns import same_words
@@ -104,15 +103,12 @@ async def test_a_caller_who_goes_on_hears_one_answer_to_the_whole_turn(engine) -
 
 def _caller(utterance_id: str) -> bytes:
     """A corpus caller as a phone line carries it: 8 kHz mu-law, from its first word to its last."""
-    import audioop
-
-    import soxr
-
     from support.callers import corpus
+    from support.lines import to_mulaw
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng not installed (make audio-deps)")
     (u,) = corpus([utterance_id])
-    pcm = u.audio()[int((u.speech_start_s - 0.1) * u.sample_rate) : int((u.speech_end_s + 0.05) * u.sample_rate)]
-    narrow = soxr.resample(pcm, u.sample_rate, 8000).astype(np.float32)
-    return audioop.lin2ulaw((np.clip(narrow, -1, 1) * 32767).astype("<i2").tobytes(), 2)
+    assert u.sample_rate == 16000  # what to_mulaw takes
+    start, end = int((u.speech_start_s - 0.1) * u.sample_rate), int((u.speech_end_s + 0.05) * u.sample_rate)
+    return to_mulaw(u.audio()[start:end])
