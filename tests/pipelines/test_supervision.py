@@ -157,7 +157,8 @@ async def _until_said(out: list[str], reader: asyncio.Task, marker: str, timeout
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended while we looked
+            found += [int(c) for c in (task / "children").read_text().split()]
     return found
 
 
