@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not os.environ.get("TTS_URL"):
             tts = _start(ChildServer.tts(output="inherit", die_with_parent=True), 60)
-            supervisor.add(tts, "tts", ready_timeout_s=60)
+            supervisor.add(tts, "tts", ready_timeout_s=60, live_path="/healthz")
             os.environ["TTS_URL"] = tts.ws_url
         if not os.environ.get("LLM_BASE_URL"):
             port = free_port()
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
                 output="inherit",
                 die_with_parent=True,
             )
-            supervisor.add(_start(llm, 300), "llm", ready_timeout_s=300)
+            supervisor.add(_start(llm, 300), "llm", ready_timeout_s=300, live_path="/healthz")
             os.environ["LLM_BASE_URL"] = f"{llm.base}/v1"
         config = AgentConfig.from_env(bind_host=args.host)
         prompts = VoicePrompts(config.tts_url, api_key=config.tts_api_key)

@@ -82,6 +82,39 @@ def test_a_dead_child_is_reaped_restarted_on_its_port_then_given_up_on():
         sup.stop(timeout_s=2)
 
 
+def test_a_hung_child_is_killed_and_restarted_a_busy_one_is_not():
+    """A stopped process (SIGSTOP: its port still accepts, nothing answers) is what a deadlocked
+    child looks like to the agent: dead air on every call. The prober notices, the supervisor kills
+    and restarts it; a child that answers, however slowly within the bound, is left alone."""
+    said: list[str] = []
+    child = _web_child().start(30)
+    sup = Supervisor(
+        poll_s=0.05, backoff_s=0.1, probe_every_s=0.1, probe_timeout_s=0.5, hung_after_s=1.5, say=said.append
+    )
+    sup.add(child, "web", ready_timeout_s=30, live_path="/")
+    sup.start()
+    try:
+        time.sleep(2.5)  # longer than hung_after_s: a child that answers is not touched
+        assert said == [] and sup.status() == {"web": True}
+        old = child.proc.pid
+        os.kill(old, signal.SIGSTOP)
+        _wait(lambda: any("(hung)" in line for line in said), 10, "the hang noticed")
+        _wait(lambda: sup.status() == {"web": True} and child.proc.pid != old, 30, "the restart")
+        assert not _exists(old), "the hung child was not reaped"
+        assert any("killed as hung" in line and "restarting it in" in line for line in said), said
+        with urllib.request.urlopen(f"{child.base}/", timeout=5) as resp:  # the same port, answering
+            assert resp.status == 200
+        time.sleep(2.0)  # the restarted child is probed afresh, not killed again for the old silence
+        assert sum("(hung)" in line for line in said) == 1, said
+    finally:
+        sup.stop(timeout_s=2)
+
+
+def test_the_hang_bound_outlasts_a_probe():
+    with pytest.raises(ValueError, match="longer than probe_timeout_s"):
+        Supervisor(probe_timeout_s=5, hung_after_s=3)
+
+
 PARENT = """
 import sys, time
 sys.path.insert(0, {root!r})
