@@ -163,13 +163,18 @@ class ReplicaSet:
         return self.replicas
 
     # ------------------------------------------------------------ back-off
-    def mark_failed(self, replica: Replica, reason: str, *, retry_after_s: float | None = None) -> None:
-        """Skip ``replica`` for a jittered, growing while (at least ``retry_after_s``)."""
+    def mark_failed(
+        self, replica: Replica, reason: str, *, retry_after_s: float | None = None, now: float | None = None
+    ) -> None:
+        """Skip ``replica`` for a jittered, growing while (at least ``retry_after_s``).
+
+        ``now``: the caller's monotonic clock (the I/O-free driver passes its own); default the
+        system's."""
         replica.failures += 1
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** (replica.failures - 1))
         if retry_after_s is not None:
             delay = max(delay, retry_after_s)
-        replica.down_until = time.monotonic() + self.jitter(delay)
+        replica.down_until = (time.monotonic() if now is None else now) + self.jitter(delay)
         replica.reason = reason
 
     def jitter(self, delay: float) -> float:
@@ -181,9 +186,9 @@ class ReplicaSet:
         replica.down_until = 0.0
         replica.reason = ""
 
-    def wait_s(self) -> float:
+    def wait_s(self, *, now: float | None = None) -> float:
         """How long until some replica is out of its back-off (0 if one is up now)."""
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         return max(0.0, min((r.down_until for r in self._replicas.values()), default=0.0) - now)
 
     # ------------------------------------------------------------ placement
