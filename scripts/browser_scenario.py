@@ -39,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.browser.harness
 
+from bench.stats import median, percentile, rnd
 from tests.browser import harness as H  # the test's scenario, not a copy of it
-from tts_service.bench.stats import median, percentile, rnd
 
 TURN_STAGES = ("vad_stop", "stt_final", "end_of_turn", "llm_first_token", "tts_first_audio", "transport_first_audio")
 BARGE_STAGES = ("vad_start", "interruption", "bot_stopped", "cancel_ack")

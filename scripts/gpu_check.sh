@@ -9,7 +9,7 @@
 #
 # Piper: the streaming server with the Piper engine on CUDA (`serve --device cuda`: windows of
 # all streams in one onnxruntime call), swept with `bench load`'s simulated agents at
-# $PIPER_STREAMS levels (python -m tts_service.bench.device_load). It prints "streams per GPU at
+# $PIPER_STREAMS levels (python -m bench.device_load). It prints "streams per GPU at
 # p95 TTFB ≤ 150 ms: N" - the highest level that, with every lower one, had TTFB p95 ≤ the goal,
 # 0 underruns, 0 refused, nothing failed - and what bounds it: the agents run on this machine's
 # CPUs, in one Python process beside the server. JSON in $OUT_DIR after every level. Without a
@@ -100,7 +100,7 @@ piper() {
   for a in $PIPER_SERVER_ARGS; do extra+=("--server-arg=$a"); done
   # The sweep starts no level it cannot finish by limit - 20 s (server stop, last JSON write);
   # on the timeout's SIGTERM it still prints the figure of the levels done.
-  timeout -k 10 "$limit" "$PY" -m tts_service.bench.device_load --device "$PIPER_DEVICE" \
+  timeout -k 10 "$limit" "$PY" -m bench.device_load --device "$PIPER_DEVICE" \
     --streams "$PIPER_STREAMS" --seconds "$PIPER_SECONDS" --ttfb-goal-ms "$PIPER_GOAL_MS" \
     --warmup-s "$PIPER_WARMUP_S" --budget-s $(( limit - 20 )) \
     --json "$OUT_DIR/bench_load_piper_$PIPER_DEVICE.json" ${extra[@]+"${extra[@]}"}

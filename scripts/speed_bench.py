@@ -4,7 +4,7 @@
     .venv/bin/python scripts/speed_bench.py --renders 3 --rounds 30 --json out/speed.json
 
 Part 1, the voice alone (in this process, no server, so rates outside the server's range can be
-measured too): each text of ``tts_service.bench.texts.TURNS`` rendered whole ``--renders`` times
+measured too): each text of ``bench.texts.TURNS`` rendered whole ``--renders`` times
 at each speed; the length is the median over renders, compared with speed 1.0 text by text;
 Whisper tiny.en transcribes every render, WER pooled over all (``support.wer``'s normal form).
 
@@ -31,9 +31,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.texts import TURNS
 from support.wer import word_errors
-from tts_service.bench.texts import TURNS
-from tts_service.localproc import ChildServer, load_engine
+from tts_service.localproc import ChildServer
+from tts_service.piper.serve import load_piper_engine
 
 SPEEDS = (0.25, 0.35, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 FIRST_AUDIO_TEXT = "Sure, I can help with that. Your order shipped yesterday and should arrive on Friday."
@@ -56,7 +57,7 @@ def _transcribe(model, audio: np.ndarray, rate: int) -> str:
 
 
 def voice_part(renders: int) -> dict[str, dict[str, float]]:
-    engine = load_engine([], progress=lambda *_: None)
+    engine = load_piper_engine([], progress=lambda *_: None)
     whisper = _whisper()
     seconds: dict[float, list[float]] = {}  # per speed: the median length of each text
     errors: dict[float, list[int]] = {s: [0, 0] for s in SPEEDS}

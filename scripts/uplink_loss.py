@@ -34,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import aiohttp
 
 from agent import webrtc_uplink
+from bench.stats import median, percentile
 from tests.pipecat.harness import (
     QUIET_S,
     RATE,
@@ -46,7 +47,6 @@ from tests.pipecat.harness import (
     speech,
     webrtc_call,
 )
-from tts_service.bench.stats import median, percentile
 
 BARGE_IN = "Sorry to interrupt you"  # no comma: one run of speech, so no turn ends inside it
 QUESTION = "What is the capital of France"
@@ -115,9 +115,9 @@ async def _converse(call, barge: bytes, question: bytes) -> dict[str, Any]:
 
 async def run(args) -> dict[str, Any]:
     from pipelines.pipecat_agent import AgentConfig
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    engine = load_engine()
+    engine = load_piper_engine()
     results: dict[str, list] = {m: [] for m in args.modes}
     async with counting_server(engine) as tts, fake_llm(REPLIES * (2 * args.runs * len(args.modes))) as (llm, _):
         barge, question = await speech(tts.ws_url, BARGE_IN), await speech(tts.ws_url, QUESTION)

@@ -134,21 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_args(sub)
     _say_args(sub)
-    try:
-        from .bench.cli import add_bench_parser
-    except ImportError:  # bench extras missing: the server still works
-        pass
-    else:
-        add_bench_parser(sub)
     _plugin_commands(sub)
     return parser
 
 
 def _plugin_commands(sub: argparse._SubParsersAction) -> None:
-    """Subcommands that other packages register (``streamvox simulate`` comes from ``agent``).
+    """Subcommands that other packages register (``streamvox simulate`` comes from ``agent``,
+    ``streamvox bench`` from the bench tool).
 
-    Entry points rather than an import: the server package never imports the agent side, and a
-    server-only install simply has fewer commands.
+    Entry points rather than an import: the server package never imports the agent side or the
+    tools, and a server-only install simply has fewer commands.
     """
     from importlib.metadata import entry_points
 

@@ -29,14 +29,14 @@ class LiveServers:
 def live_servers() -> Iterator[LiveServers]:
     from aiohttp import web
 
+    from bench.baseline import BaselineServer, load_voice
     from tts_service import protocol as P
-    from tts_service.bench.baseline import BaselineServer, load_voice
-    from tts_service.localproc import load_engine
     from tts_service.piper.runtime import Synthesizer
     from tts_service.piper.scheduler import SchedulerOptions
+    from tts_service.piper.serve import load_piper_engine
     from tts_service.server import Server
 
-    engine = load_engine([], progress=lambda *_: None)
+    engine = load_piper_engine([], progress=lambda *_: None)
     voice, name = load_voice()
     loop = asyncio.new_event_loop()
     runners: list[web.AppRunner] = []

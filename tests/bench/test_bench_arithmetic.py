@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from tts_service.bench import stats
-from tts_service.bench.load import AgentStats, healthy, max_healthy_streams, summarize_level
-from tts_service.bench.servers import http_base, parse_cpu_seconds
+from bench import stats
+from bench.load import AgentStats, healthy, max_healthy_streams, summarize_level
+from bench.servers import http_base, parse_cpu_seconds
 
 
 @pytest.mark.parametrize("q", [0, 5, 25, 50, 90, 95, 99, 100])
@@ -122,7 +122,7 @@ def test_cpu_seconds_parsing_and_urls() -> None:
 
 
 def test_words_found_in_a_transcript() -> None:
-    from tts_service.bench.conformance import words_found
+    from bench.conformance import words_found
 
     wanted = ("thursday", ("three", "3"), "afternoon")
     assert words_found("Sure, I can move your appointment to Thursday at 3 in the afternoon.", wanted) == 1.0

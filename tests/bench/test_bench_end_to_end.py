@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from tts_service.bench import conformance as C
-from tts_service.bench.load import LoadOptions, run_level
+from bench import conformance as C
+from bench.load import LoadOptions, run_level
 from tts_service.cli import main
 
 pytestmark = pytest.mark.timeout(120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tts_service.bench.player import Arrival, simulate
+from bench.player import Arrival, simulate
 
 F = 0.05  # 50 ms frames
 

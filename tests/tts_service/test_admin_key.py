@@ -150,7 +150,7 @@ async def test_served_admin_key_from_a_file_and_an_access_log_without_keys(
 async def test_clients_send_the_key_in_a_header_not_the_url() -> None:
     """TTSClient (so the LiveKit plug-in) and the bench's connection: the key goes in
     ``Authorization``, never in the URL a proxy would log."""
-    from tts_service.bench.wire import Conn, WireError
+    from bench.wire import Conn, WireError
     from tts_service.client import TTSClient, TTSConnectionError
 
     seen: list[tuple[str, str]] = []

@@ -18,8 +18,8 @@ from pathlib import Path
 import onnxruntime
 import pytest
 
-from tts_service.bench import device_load
-from tts_service.bench.load import healthy, max_healthy_streams
+from bench import device_load
+from bench.load import healthy, max_healthy_streams
 from tts_service.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]

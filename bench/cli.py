@@ -13,21 +13,41 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
+import sys
 import time
 from collections.abc import Callable
 
-from ..protocol import WS_PATH
+from tts_service.protocol import WS_PATH
+
+from . import BenchError
 
 _LOAD_DEFAULT_SECONDS = 15.0
 _LOAD_DEFAULT_LEVELS = "1,2,4,8,16"
 
 
+def _guarded(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``cmd`` with a :class:`BenchError` printed as one line and exit status 2, as ``streamvox``
+    prints its own errors: the server's CLI knows nothing of the bench's error type."""
+
+    @functools.wraps(cmd)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return cmd(args)
+        except BenchError as exc:
+            print(f"streamvox: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``bench`` under ``streamvox`` (the ``streamvox.commands`` entry point calls this)."""
     bench = sub.add_parser("bench", help="measure a streaming TTS server (and a batch baseline) with numbers")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     try:  # the Orpheus engine bench (its import does not pull in torch)
-        from ..orpheus.bench import add_engine_bench_parser
+        from tts_service.orpheus.bench import add_engine_bench_parser
     except ImportError:
         pass
     else:
@@ -50,7 +70,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--runs", type=int, default=5, help="runs per figure (default 5)")
     c.add_argument("--transcribe", action="store_true", help="check the input-update audio with Whisper tiny.en")
     c.add_argument("--no-sweep", action="store_true", help="skip the extra lengths (~2.4 s, ~12 s) of the TTFB plot")
-    c.set_defaults(func=conformance_cmd)
+    c.set_defaults(func=_guarded(conformance_cmd))
 
     ld = bsub.add_parser("load", help="concurrency sweep with simulated real-time players")
     common(ld)
@@ -68,29 +88,28 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         metavar="MS",
         help="also print the most streams held with TTFB p95 <= MS (the rest of the health rule as is)",
     )
-    ld.set_defaults(func=load_cmd)
+    ld.set_defaults(func=_guarded(load_cmd))
 
     md = bsub.add_parser("markdown", help="print the results of --json files as markdown tables (for docs)")
     md.add_argument("files", nargs="+", metavar="FILE")
-    md.set_defaults(func=markdown_cmd)
+    md.set_defaults(func=_guarded(markdown_cmd))
 
 
 def _levels(spec: str) -> tuple[int, ...]:
-    from ..cli import CliError
-
     try:
         levels = tuple(sorted({int(x) for x in spec.split(",") if x.strip()}))
     except ValueError:
-        raise CliError(f"--streams {spec!r}: give comma-separated integers like 1,2,4,8") from None
+        raise BenchError(f"--streams {spec!r}: give comma-separated integers like 1,2,4,8") from None
     if not levels or levels[0] < 1:
-        raise CliError(f"--streams {spec!r}: levels must be >= 1")
+        raise BenchError(f"--streams {spec!r}: levels must be >= 1")
     return levels
 
 
 @contextlib.contextmanager
 def _targets(args: argparse.Namespace, console):
     """Yield ``{"streaming": Target, "baseline": Target?}``, spawning what has no URL."""
-    from ..localproc import StartError as ServerStartError
+    from tts_service.localproc import StartError as ServerStartError
+
     from .servers import BASELINE, DESCRIPTIONS, STREAMING, Target, spawned
 
     given: dict = {}
@@ -105,19 +124,16 @@ def _targets(args: argparse.Namespace, console):
         with spawned(*missing) as started:
             yield {**given, **started}
     except ServerStartError as exc:
-        from ..cli import CliError
-
-        raise CliError(str(exc)) from None
+            raise BenchError(str(exc)) from None
 
 
 def _run(coro_fn: Callable, status, what: str):
-    from ..cli import CliError
     from .wire import WireError
 
     try:
         return asyncio.run(coro_fn())
     except WireError as exc:
-        raise CliError(f"{what}: {exc}") from None
+        raise BenchError(f"{what}: {exc}") from None
     finally:
         status.update("done")
 
@@ -281,7 +297,6 @@ def load_cmd(args: argparse.Namespace) -> int:
 def markdown_cmd(args: argparse.Namespace) -> int:
     import json
 
-    from ..cli import CliError
     from .report import markdown
 
     for path in args.files:
@@ -289,9 +304,9 @@ def markdown_cmd(args: argparse.Namespace) -> int:
             with open(path, encoding="utf-8") as fh:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
-            raise CliError(f"cannot read {path}: {exc}") from None
+            raise BenchError(f"cannot read {path}: {exc}") from None
         try:
             print(markdown(doc), end="\n\n")
         except ValueError as exc:
-            raise CliError(f"{path}: {exc}") from None
+            raise BenchError(f"{path}: {exc}") from None
     return 0

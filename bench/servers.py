@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from ..localproc import ChildServer, free_port, tts_server_args
+from tts_service.localproc import ChildServer, free_port, tts_server_args
 
 STREAMING = "streaming"
 BASELINE = "baseline"
@@ -47,7 +47,7 @@ def server_args(name: str, port: int) -> list[str]:
     """``python`` arguments for the server called ``name`` on ``port``."""
     if name == STREAMING:
         return tts_server_args(port)
-    return ["-m", "tts_service.bench.baseline", "--port", str(port)]
+    return ["-m", "bench.baseline", "--port", str(port)]
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """The batch baseline: what most "streaming" TTS endpoints really do, on protocol v1.
 
-Run: ``python -m tts_service.bench.baseline --port 8766``.
+Run: ``python -m bench.baseline --port 8766``.
 
 It speaks the subset of protocol v1 the bench uses (``ready``/``start``/``text``/``flush``/
 ``end``/``cancel``/``ping`` -> ``started``/binary frames/``done``/``cancelled``/``error``/``pong``)
@@ -35,9 +35,9 @@ import numpy as np
 from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 
-from .. import protocol as P
-from ..audio import StreamEncoder
-from ..protocol import ErrorCode, Limits, MsgType, ProtocolError
+from tts_service import protocol as P
+from tts_service.audio import StreamEncoder
+from tts_service.protocol import ErrorCode, Limits, MsgType, ProtocolError
 
 log = logging.getLogger(__name__)
 FRAME_SAMPLES = 1024  # native samples per binary message, as streamvox sends
@@ -262,7 +262,7 @@ class _Conn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tts_service.bench.baseline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.baseline", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=P.DEFAULT_PORT + 1)
     parser.add_argument("--voice-path", default=None, help="a Piper .onnx voice (default: the bundled joe voice)")

@@ -4,7 +4,7 @@ Per level, agents start staggered over ``stagger_s`` and then speak turns back t
 ``seconds`` have passed: the next turn starts once the simulated player has played the last one
 and a short pause (the caller's brief answer) has passed, so that an agent talks at the pace of
 speech whatever the server's delivery; a turn started before the deadline runs to its end.
-Each turn's frames feed a simulated real-time player (:mod:`tts_service.bench.player`). An
+Each turn's frames feed a simulated real-time player (:mod:`bench.player`). An
 ``overloaded`` refusal is counted; the agent waits the server's ``retry_after_ms`` and goes on
 with its next turn. Server CPU comes from
 ``process_cpu_seconds_total`` on the server's ``/metrics``, read before and after each level.

@@ -8,13 +8,13 @@ bought on: the most streams it holds at TTFB p95 within a goal (150 ms by defaul
   rest of the check goes on), instead of failing in the server's start-up;
 * writes its JSON after every level, starts no level its time budget cannot finish, and stops
   once two levels in a row missed the goal (no higher level can count, see
-  :func:`~tts_service.bench.load.max_healthy_streams`; the one after a first miss tells a
+  :func:`~bench.load.max_healthy_streams`; the one after a first miss tells a
   one-level spike from the limit); terminated by its stage's ``timeout``, it still stops the
   server and prints the figure of the levels done;
 * measures its own agents' CPU: they run in this one process, on the same machine's CPUs as the
   server, and can bound the figure before the GPU does.
 
-The levels, their figures and the health rule are ``bench load``'s (:mod:`tts_service.bench.load`).
+The levels, their figures and the health rule are ``bench load``'s (:mod:`bench.load`).
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ def _sigterm(_signum, _frame) -> None:
 
 
 def run_device_load(args: argparse.Namespace, say=print) -> int:
-    from ..localproc import ChildServer, StartError
+    from tts_service.localproc import ChildServer, StartError
+
     from .cli import _levels
 
     t0 = time.monotonic()
@@ -275,7 +276,7 @@ def run_device_load(args: argparse.Namespace, say=print) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tts_service.bench.device_load", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.device_load", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--streams", default="1,8,16,32,64,128", help="levels, in order (default 1,8,16,32,64,128)")
     p.add_argument("--seconds", type=float, default=10.0, help="talking time per level (default 10)")
@@ -290,14 +291,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..cli import CliError
+    from . import BenchError
 
     args = parser().parse_args(argv)
     try:
         if args.seconds <= 0 or args.ttfb_goal_ms <= 0 or args.budget_s <= 0 or args.warmup_s < 0:
-            raise CliError("--seconds, --ttfb-goal-ms and --budget-s must be > 0, --warmup-s >= 0")
+            raise BenchError("--seconds, --ttfb-goal-ms and --budget-s must be > 0, --warmup-s >= 0")
         return run_device_load(args)
-    except CliError as exc:
+    except BenchError as exc:
         print(f"device_load: {exc}", file=sys.stderr)
         return 2
 

@@ -1,6 +1,6 @@
 """The engine alone: decoder cost per window size, windowed vs whole decode, and threads.
 
-``python -m tts_service.bench.windows`` prints, for the bundled voice on this machine:
+``python -m bench.windows`` prints, for the bundled voice on this machine:
 
 * worker milliseconds per decoded span and per audio frame (the window plan's cost);
 * the max difference between a windowed and a whole decode (the exactness claim);
@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from ..piper.engine import HOP, PiperEngine, Window
-from ..piper.voices import DEC_IN, default_voice_path
+from tts_service.piper.engine import HOP, PiperEngine, Window
+from tts_service.piper.voices import DEC_IN, default_voice_path
 
 TEXT = "Okay, let me check that for you; it will only take a moment. The weather is nice today, really."
 REPLY = "Would you like to book a table for two people this evening, or tomorrow at noon?"
@@ -109,7 +109,7 @@ def workers(seconds: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tts_service.bench.windows", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.windows", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=4.0, help="per worker setting")
     args = parser.parse_args()

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from .. import protocol as P
-from ..session import (
+from tts_service import protocol as P
+from tts_service.session import (
     Acked,
     Audio,
     ClientSession,
