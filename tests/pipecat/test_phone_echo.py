@@ -50,7 +50,7 @@ def _timeline(events: list[tuple[float, dict]], t0: float) -> str:
 @pytest.mark.solo
 @pytest.mark.slow
 # PHONE_ECHO_DB=-6,0 (and STREAMVOX_ECHO_CANCEL=off for the before) repeats it as a measurement;
-# each call prints one summary line (pytest -s): docs/BENCHMARKS.md "Echo on the phone line"
+# each call prints one summary line (pytest -s): docs/BENCHMARKS.md "On the phone line"
 @pytest.mark.parametrize("echo_db", [float(x) for x in os.environ.get("PHONE_ECHO_DB", "-6").split(",")])
 async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None:
     from pipelines.pipecat_agent import AgentConfig, echo_mode
