@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.tts_service.hardening_helpers import NonReadingPeer, strict_json
 from tests.tts_service.tts_helpers import raw_connection, running_server
 from tts_service import protocol as P
-from tts_service.localproc import free_port, load_engine
+from tts_service.localproc import free_port
+from tts_service.piper.serve import load_piper_engine
 from tts_service.server import ServerConfig
 
 LONG = "And then we can talk about the weather. It will be sunny and warm all day long by the sea. " * 3
@@ -288,7 +289,7 @@ async def main(which: list[str]) -> None:
         "ping": probe_ping_ids,
         "http": probe_http,
     }
-    engine = load_engine(progress=lambda *_: None) if set(which) - {"sigterm"} else None
+    engine = load_piper_engine(progress=lambda *_: None) if set(which) - {"sigterm"} else None
     for name in which:
         if name == "sigterm":
             await probe_sigterm()

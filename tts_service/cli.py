@@ -15,6 +15,7 @@ import time
 import wave
 from pathlib import Path
 
+from . import engines
 from . import protocol as P
 
 
@@ -42,16 +43,8 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the streaming TTS server")
     p.add_argument("--host", default=os.environ.get("STREAMVOX_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("STREAMVOX_PORT", P.DEFAULT_PORT)))
-    p.add_argument(
-        "--voice-path",
-        action="append",
-        default=[],
-        metavar="X.onnx",
-        help="a Piper voice (with X.onnx.json beside it); repeat to load several. "
-        "Default: the bundled en_US-joe-medium, or $STREAMVOX_VOICE_PATH",
-    )
     p.add_argument("--device", choices=["cpu", "cuda"], default=os.environ.get("STREAMVOX_DEVICE", "cpu"))
-    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None, help="the engine's intra-op threads (default: all cores)")
     _key_args(p, "api-key", "STREAMVOX_API_KEY", "require 'Authorization: Bearer KEY' on /v1/* (none if unset)")
     _key_args(
         p,
@@ -82,14 +75,6 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lead-ms", type=int, default=400, help="how far paced streams run ahead of playback")
     p.add_argument("--max-streams", type=int, default=None, help="hard cap on concurrent streams")
-    p.add_argument(
-        "--capacity",
-        type=float,
-        default=0.85,
-        metavar="F",
-        help="piper: share of the synthesis worker's time admitted streams may need before new ones get "
-        "'overloaded' (default 0.85; above 1 overcommits, for tests on a busy machine)",
-    )
     p.add_argument("--max-contexts", type=int, default=16, help="live contexts per connection")
     p.add_argument(
         "--voice-map",
@@ -107,13 +92,11 @@ def _serve_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--engine",
-        choices=["piper", "orpheus"],
-        default=os.environ.get("STREAMVOX_ENGINE", "piper"),
-        help="piper: ONNX voices (default); orpheus: Llama + SNAC in torch (GPU), needs streamvox[orpheus]",
+        default=os.environ.get("STREAMVOX_ENGINE", engines.DEFAULT_ENGINE),
+        metavar="NAME",
+        help=f"the synthesis engine (default {engines.DEFAULT_ENGINE}, env STREAMVOX_ENGINE): {engines.describe()}",
     )
-    from .orpheus.serve import add_model_args  # torch-free: only the options
-
-    add_model_args(p)
+    engines.add_args(p)  # each engine's own options (their modules import no model library)
 
 
 def _say_args(sub: argparse._SubParsersAction) -> None:
@@ -175,17 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def load_engine(voice_paths: list[str], *, device: str = "cpu", threads: int | None = None, progress=print):
-    """``localproc.load_engine`` with a voice problem turned into a CLI message."""
-    from .localproc import load_engine as _load
-    from .piper.voices import VoiceError
-
-    try:
-        return _load(voice_paths, device=device, threads=threads, progress=progress)
-    except VoiceError as exc:
-        raise CliError(str(exc)) from None
-
-
 def _key(value: str | None, path: str | None, flag: str) -> str | None:
     """A key given directly or (preferred: out of the process list) in a file, ``flag`` its option."""
     if not path:
@@ -212,10 +184,12 @@ def _admin_key(args: argparse.Namespace, api_key: str | None) -> str | None:
 
 def serve(args: argparse.Namespace) -> int:
     from .compat.voices import VoiceMapError, parse_voice_map
-    from .piper.runtime import Synthesizer
-    from .piper.scheduler import SchedulerOptions
     from .server import Server, ServerConfig, run
 
+    try:
+        engines.entry(args.engine)  # an unknown name fails before anything else is checked
+    except engines.EngineSetupError as exc:
+        raise CliError(str(exc)) from None
     if args.drain_timeout < 0:
         raise CliError("--drain-timeout must be >= 0 seconds")
     api_key = _api_key(args)
@@ -231,17 +205,10 @@ def serve(args: argparse.Namespace) -> int:
         raise CliError(f"--voice-map: {exc}") from None
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.engine == "orpheus":
-        from .orpheus.serve import OrpheusSetupError, build_synthesizer
-
-        try:
-            synth = build_synthesizer(args)
-        except OrpheusSetupError as exc:
-            raise CliError(str(exc)) from None
-    else:
-        engine = load_engine(args.voice_path, device=args.device, threads=args.threads)
-        options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, capacity=args.capacity)
-        synth = Synthesizer(engine, options=options)
+    try:
+        synth = engines.build(args.engine, args)
+    except engines.EngineSetupError as exc:
+        raise CliError(str(exc)) from None
     engine = synth.engine
     config = ServerConfig(
         host=args.host,

@@ -8,8 +8,10 @@ server (the TTS server, the batch baseline, the local LLM) that answers before t
   exits, and stops it (terminate, then kill) on exit;
 * :class:`ServerThread` runs the TTS server inside this process, in a thread with its own event
   loop, so that a stalled caller loop does not stall synthesis (tests use it to reach the
-  server's objects);
-* :func:`load_engine` loads the Piper voices the way ``streamvox serve`` does.
+  server's objects), with any registered engine (:mod:`tts_service.engines`).
+
+Loading an engine is the engine's own business (``tts_service.piper.serve.load_piper_engine``
+loads Piper voices the way ``streamvox serve`` does): this module imports no engine package.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from . import engines
 from . import protocol as P
 
 
@@ -186,33 +189,19 @@ class ChildServer:
         self.stop()
 
 
-def load_engine(voice_paths: Sequence[str] = (), *, device: str = "cpu", threads: int | None = None, progress=print):
-    """Load every requested voice (the bundled one by default), with progress lines.
-
-    Raises ``tts_service.piper.voices.VoiceError`` with a message that says what to fix.
-    """
-    from .piper.engine import PiperEngine
-    from .piper.voices import default_voice_path
-
-    engine = PiperEngine(device=device, threads=threads)
-    for path in voice_paths or [str(default_voice_path())]:
-        t0 = time.perf_counter()
-        name = engine.load_voice(path, progress=progress)
-        progress(f"voice {name} ready in {time.perf_counter() - t0:.1f} s")
-    return engine
-
-
 class ServerThread:
     """The real TTS server on a free loopback port, in a thread with its own event loop.
 
     A thread (not the caller's event loop) so that the caller's timing is not the server's: a
     stalled caller loop does not stall synthesis, and the reverse, as with separate processes.
-    ``engine`` defaults to the bundled voice; ``options`` and ``config`` go to the scheduler and
-    the server.
+    ``engine`` is a loaded engine of the registered kind ``engine_name`` (:mod:`tts_service.engines`;
+    ``None``: that entry's default, the bundled Piper voice for ``piper``); ``options`` (that
+    engine's scheduler options) and ``config`` go to the scheduler and the server.
     """
 
-    def __init__(self, engine=None, *, options=None, config=None) -> None:
+    def __init__(self, engine=None, *, options=None, config=None, engine_name: str = engines.DEFAULT_ENGINE) -> None:
         self._engine = engine
+        self._engine_name = engine_name
         self._options = options
         self._config = config
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -222,7 +211,6 @@ class ServerThread:
         self._thread: threading.Thread | None = None
 
     def start(self) -> str:
-        engine = self._engine if self._engine is not None else load_engine(progress=lambda *_: None)
         started = threading.Event()
         failure: list[BaseException] = []
 
@@ -231,7 +219,7 @@ class ServerThread:
             asyncio.set_event_loop(loop)
             self.loop = loop
             try:
-                loop.run_until_complete(self._up(engine))
+                loop.run_until_complete(self._up())
             except BaseException as exc:
                 failure.append(exc)
                 started.set()
@@ -248,13 +236,13 @@ class ServerThread:
             raise failure[0]
         return self.url
 
-    async def _up(self, engine) -> None:
+    async def _up(self) -> None:
         from aiohttp import web
 
-        from .piper.runtime import Synthesizer
         from .server import Server
 
-        self.server = Server(Synthesizer(engine, options=self._options), self._config)
+        synth = engines.synthesizer(self._engine_name, self._engine, options=self._options)
+        self.server = Server(synth, self._config)
         self._runner = web.AppRunner(self.server.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -31,8 +31,6 @@ from . import protocol as P
 from .audio import StreamEncoder, wav_header
 from .core.runtime import SynthesizerBase
 from .core.scheduler import Output, Overloaded
-from .metrics import Metrics
-from .piper.runtime import Synthesizer
 from .protocol import CloseCode, ErrorCode, Limits, ProtocolError
 from .ws import OUTBOX_HIGH_WATER, YIELD_EVERY, Connection
 
@@ -523,11 +521,10 @@ class Server:
         return web.Response(body=self.synth.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
-def build_app(
-    engine, *, config: ServerConfig | None = None, options=None, metrics: Metrics | None = None
-) -> web.Application:
-    """An aiohttp app serving a Piper ``engine``; run it with ``web.run_app`` or an ``AppRunner``."""
-    return Server(Synthesizer(engine, options=options, metrics=metrics), config).app
+def build_app(synth: SynthesizerBase, *, config: ServerConfig | None = None) -> web.Application:
+    """An aiohttp app serving ``synth`` (any engine's, e.g. from ``tts_service.engines.build``);
+    run it with ``web.run_app`` or an ``AppRunner``."""
+    return Server(synth, config).app
 
 
 async def run(server: Server, *, host: str, port: int) -> None:

@@ -118,9 +118,9 @@ class PausableSink(io.AudioOutput):
 
 @pytest.fixture(scope="module")
 async def lk_tts_server() -> AsyncIterator[RunningServer]:
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    async with running_server(load_engine([], progress=lambda *_: None)) as srv:
+    async with running_server(load_piper_engine([], progress=lambda *_: None)) as srv:
         yield srv
 
 

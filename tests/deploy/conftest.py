@@ -11,9 +11,9 @@ from tests.tts_service.tts_helpers import RunningServer, running_server
 
 @pytest.fixture(scope="session")
 def engine():
-    from tts_service.cli import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    return load_engine([], progress=lambda *_: None)
+    return load_piper_engine([], progress=lambda *_: None)
 
 
 @pytest.fixture(scope="session")

@@ -34,9 +34,9 @@ BARGE_IN_SENTENCE = "Wait, stop. I have a different question."
 
 @pytest.fixture(scope="session")
 def engine():
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    return load_engine([], progress=lambda *_: None)
+    return load_piper_engine([], progress=lambda *_: None)
 
 
 @pytest.fixture(scope="session")

@@ -199,9 +199,9 @@ async def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     logging.basicConfig(level=logging.WARNING)
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    engine = load_engine([], progress=lambda *_: None)
+    engine = load_piper_engine([], progress=lambda *_: None)
     async with counting_server(engine) as srv:
         port = int(srv.ws_url.rsplit(":", 1)[1].split("/")[0])
         for rtt_ms in args.rtt_ms:

@@ -16,9 +16,9 @@ from tests.pipecat.harness import CountingServer, counting_server
 
 @pytest.fixture(scope="session")
 def engine():
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    return load_engine([], progress=lambda *_: None)
+    return load_piper_engine([], progress=lambda *_: None)
 
 
 @pytest.fixture

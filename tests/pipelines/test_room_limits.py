@@ -105,9 +105,9 @@ SHORT = RoomLimits(
 
 @pytest.fixture(scope="module")
 def engine():
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    return load_engine([], progress=lambda *_: None)
+    return load_piper_engine([], progress=lambda *_: None)
 
 
 async def _real_offer() -> tuple[object, dict]:

@@ -20,9 +20,9 @@ from tts_service.server import ServerConfig
 
 @pytest.fixture(scope="session")
 def engine() -> PiperEngine:
-    from tts_service.localproc import load_engine
+    from tts_service.piper.serve import load_piper_engine
 
-    return load_engine([], progress=lambda *_: None)
+    return load_piper_engine([], progress=lambda *_: None)
 
 
 @pytest.fixture(scope="session")

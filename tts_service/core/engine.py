@@ -22,6 +22,11 @@ class VoiceInfo:
     model: str  # where its weights came from: a file or folder, or "random"
 
 
+class EngineSetupError(Exception):
+    """An engine that cannot be built for a reason the user can fix (a path, a missing package,
+    an unknown voice); the message says what to do, and the CLI prints it as one line."""
+
+
 class UnsupportedSpeed(ValueError):
     """A stream asked for a speaking rate its engine cannot render (the message says why)."""
 

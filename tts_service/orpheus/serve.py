@@ -1,7 +1,8 @@
 """Building an Orpheus engine from command-line options (``streamvox serve --engine orpheus``, the bench).
 
-Importing this module does not import torch: the CLI registers the options of every engine,
-and only ``build_*`` pulls the Orpheus dependencies in.
+The registry's entry for ``orpheus`` (:mod:`tts_service.engines`). Importing this module does
+not import torch: the CLI adds the options of every engine, and only ``build*`` and
+:func:`synthesizer` pull the Orpheus dependencies in.
 """
 
 from __future__ import annotations
@@ -11,14 +12,21 @@ import logging
 import os
 import time
 
+from ..core.engine import EngineSetupError
 from .config import PRESETS, Sampling
 from .tokens import VOICES
 
 log = logging.getLogger(__name__)
+DESCRIPTION = "Llama + SNAC in torch (GPU), needs streamvox[orpheus]"
 
 
-class OrpheusSetupError(Exception):
+class OrpheusSetupError(EngineSetupError):
     """Something the user can fix (a path, a missing package); the message says what."""
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Orpheus' options of ``streamvox serve`` (:func:`add_model_args` with ``--voice``)."""
+    add_model_args(p)
 
 
 def add_model_args(p: argparse.ArgumentParser, *, voice: bool = True) -> None:
@@ -171,9 +179,8 @@ def engine_from_args(args: argparse.Namespace, *, max_slots: int | None, voice: 
     )
 
 
-def build_synthesizer(args: argparse.Namespace, *, metrics=None):
+def build(args: argparse.Namespace, *, metrics=None):
     """``streamvox serve --engine orpheus``: the engine wrapped for ``tts_service.server.Server``."""
-    from .runtime import OrpheusSynthesizer
     from .scheduler import OrpheusOptions
 
     if args.device == "cpu" and args.threads:
@@ -182,4 +189,14 @@ def build_synthesizer(args: argparse.Namespace, *, metrics=None):
         torch.set_num_threads(args.threads)
     engine = engine_from_args(args, max_slots=args.max_slots, voice=args.voice)
     options = OrpheusOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, sampling=Sampling())
+    return synthesizer(engine, options=options, metrics=metrics)
+
+
+def synthesizer(engine=None, *, options=None, metrics=None):
+    """A loaded ``OrpheusEngine`` wrapped for the server; ``options`` are ``OrpheusOptions``.
+    There is no default engine: a model is too big to load behind the caller's back."""
+    if engine is None:
+        raise OrpheusSetupError("an Orpheus server needs an engine: build one with build_engine(...)")
+    from .runtime import OrpheusSynthesizer
+
     return OrpheusSynthesizer(engine, options=options, metrics=metrics)
