@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/, tests.browser.harness
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.*
 
 from bench.stats import median, percentile
 from pipelines.pipecat_figures import TURN_STAGES
+from support.browser import harness as H  # the browser test's page driver, not a copy of it
 from support.callers import VOICES, corpus
-from tests.browser import harness as H  # the browser test's page driver, not a copy of it
 
 GREETING_S = 9.0  # the demo's greeting is ~6 s after Connect: the first caller turn comes after it
 REPLY_S = 15.0  # after each turn: the agent's reply (SmolLM2 rambles: ~10 s at times) and a breath

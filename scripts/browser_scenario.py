@@ -13,7 +13,7 @@ replies (to the barge-in, to the question). Printed and written as JSON:
     .venv/bin/python scripts/browser_scenario.py --runs 5 --json out/browser_scenario.json
 
 With ``--echo-db`` the page sends the microphone plus the agent's own voice, as a loudspeaker in a
-small room gives it back (``tests/browser/echo_path.js``: ``--echo-delay-ms`` later, drifting
+small room gives it back (``support/browser/echo_path.js``: ``--echo-delay-ms`` later, drifting
 ``--echo-drift`` ms/s, after the browser's own processing), each level its own set of sessions,
 cut at ``--session-s``; each session counts its **self-interruptions** (the agent stopping or
 answering with the caller's file silent, ``Session.self_interruptions``)::
@@ -37,10 +37,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.browser.harness
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.browser.harness
 
 from bench.stats import median, percentile, rnd
-from tests.browser import harness as H  # the test's scenario, not a copy of it
+from support.browser import harness as H  # the test's scenario, not a copy of it
 
 TURN_STAGES = ("vad_stop", "stt_final", "end_of_turn", "llm_first_token", "tts_first_audio", "transport_first_audio")
 BARGE_STAGES = ("vad_start", "interruption", "bot_stopped", "cancel_ack")

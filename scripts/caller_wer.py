@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # support.*, tests.pipelines.stt_helpers
+sys.path.insert(0, str(ROOT))  # support.*
 
 from support.lines import PATHS  # noqa: E402
 

@@ -25,8 +25,8 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.tts_service.hardening_helpers import NonReadingPeer, strict_json
-from tests.tts_service.tts_helpers import raw_connection, running_server
+from support.hardening_helpers import NonReadingPeer, strict_json
+from support.tts_helpers import raw_connection, running_server
 from tts_service import protocol as P
 from tts_service.localproc import free_port
 from tts_service.piper.serve import load_piper_engine

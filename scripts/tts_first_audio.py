@@ -18,7 +18,7 @@ silence, as a player that starts at the first frame plays it).
 
 Intelligibility (``--no-wer`` skips it): every streamvox reply's audio, as it came out of the
 pipeline, is transcribed by Whisper tiny.en and compared with the same reply rendered sentence by
-sentence (``tests.tts_service.renders``: one context per sentence, so no cut other than the
+sentence (``support.renders``: one context per sentence, so no cut other than the
 sentence ends) on the same server; numbers count however Whisper writes them.
 Replies are grouped by how they open (a short opening clause, an opening sentence, none): the
 first-segment policy treats them differently.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.* helpers: the harness's probe, WER
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.*: the harness's probe, renders, WER
 
 # (opening kind, reply). No digits: Whisper writes "3" for "three", which is not a TTS error.
 REPLIES: list[tuple[str, str]] = [
@@ -107,7 +107,7 @@ async def run_service(tts, replies: list[str], gate: asyncio.Lock, token_s: floa
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.workers.runner import WorkerRunner
 
-    from tests.pipecat.harness import Probe
+    from support.pipecat_harness import Probe
 
     probe = Probe()
     worker = PipelineWorker(Pipeline([tts, probe]), cancel_on_idle_timeout=False)
@@ -169,7 +169,7 @@ def piper_service():
 
 
 async def render_references(url: str, texts: list[str]) -> list[np.ndarray]:
-    from tests.tts_service.renders import render_sentences
+    from support.renders import render_sentences
     from tts_service.client import TTSClient
 
     async with TTSClient(url) as client:
@@ -259,8 +259,8 @@ async def main(argv: list[str] | None = None) -> int:
         references = [] if args.no_wer else await render_references(server.ws_url, texts)
 
     if references:
-        from tests.tts_service.renders import reply_wer
-        from tests.tts_service.tts_helpers import transcribe
+        from support.renders import reply_wer
+        from support.tts_helpers import transcribe
 
         model = whisper_model()
         streamed = [t for t in result.turns if t.service == "streamvox"]

@@ -35,7 +35,7 @@ import aiohttp
 
 from agent import webrtc_uplink
 from bench.stats import median, percentile
-from tests.pipecat.harness import (
+from support.pipecat_harness import (
     QUIET_S,
     RATE,
     VOICED,

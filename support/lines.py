@@ -1,7 +1,7 @@
 """The two ways a caller reaches the agent, as the agent's STT receives them (16 kHz float32).
 
 * the page: the browser's microphone through WebRTC, Opus at 48 kHz and back
-  (``tests.pipelines.stt_helpers.opus_round_trip``: PyAV's libopus, which aiortc uses);
+  (``support.stt_helpers.opus_round_trip``: PyAV's libopus, which aiortc uses);
 * the phone: a Twilio media stream, 8 kHz μ-law, which Pipecat's serializer decodes with
   ``audioop.ulaw2lin`` and resamples to the pipeline's rate.
 
@@ -49,7 +49,7 @@ def phone_path(x16: np.ndarray) -> np.ndarray:
 
 def page_path(x16: np.ndarray) -> np.ndarray:
     """``x16`` (float32, 16 kHz) through a browser's WebRTC uplink: Opus at 48 kHz, back at 16 kHz."""
-    from tests.pipelines.stt_helpers import opus_round_trip
+    from support.stt_helpers import opus_round_trip
 
     y = opus_round_trip(x16)
     return np.pad(y, (0, max(0, x16.size - y.size)))[: x16.size]  # Opus keeps whole 20 ms packets

@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("pipecat")
 
+from agent.sounds import cough
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.frames.frames import InputAudioRawFrame, InterruptionFrame, TTSAudioRawFrame
 from pipecat.pipeline.pipeline import Pipeline
@@ -29,8 +30,7 @@ from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
 from agent.pipecat_yield import YieldGate
-from agent.sounds import cough
-from tests.pipecat.harness import RealtimePlayer
+from support.pipecat_harness import RealtimePlayer
 
 SR = 16000
 CHUNK = 512
@@ -175,7 +175,7 @@ async def test_context_gets_only_the_words_heard_before_the_pause(tts_server, sp
     gate pauses, Pipecat's interruption comes 0.8 s later; the words of those 0.8 s (whose audio
     the gate held back) must not land in the context."""
     from agent.pipecat import StreamvoxTTSService
-    from tests.pipecat.harness import llm_reply
+    from support.pipecat_harness import llm_reply
 
     reply = (
         "Let me walk you through the three options we have for your trip next week. "

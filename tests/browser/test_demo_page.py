@@ -30,7 +30,7 @@ import pytest
 
 from pipelines.pipecat_agent import GREETING
 from pipelines.pipecat_room import WEB_DIR
-from tests.browser import harness as H
+from support.browser import harness as H
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.browser import harness as H
+from support.browser import harness as H
 
 PLAN = H.MicPlan(Path("unused.wav"), barge_in=(3.0, 6.0), question=(17.0, 18.5))
 MIC_AT = 100.0  # the page's clock when the microphone opened

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.tts_service.tts_helpers import RunningServer, running_server
+from support.tts_helpers import RunningServer, running_server
 
 
 @pytest.fixture(scope="session")

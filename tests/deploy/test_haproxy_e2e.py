@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tts_service.tts_helpers import running_server
+from support.tts_helpers import running_server
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.haproxy_agent import Agent
 from tts_service.localproc import free_port

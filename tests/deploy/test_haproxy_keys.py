@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from support.tts_helpers import on_loopback
 from tests.deploy.test_haproxy_e2e import CFG, local_config
-from tests.tts_service.tts_helpers import on_loopback
 from tts_service.localproc import free_port
 
 HAPROXY = shutil.which("haproxy")

@@ -27,7 +27,7 @@ from livekit import rtc
 from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, llm
 from livekit.agents.voice import Agent, ModelSettings, io
 
-from tests.tts_service.tts_helpers import on_loopback
+from support.tts_helpers import on_loopback
 from tts_service.piper.runtime import Synthesizer
 from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pipecat.harness import fake_llm
+from support.pipecat_harness import fake_llm
 
 REPLY = "Sure, the train leaves at noon."
 

@@ -8,7 +8,7 @@ import contextlib
 import aiohttp
 import pytest
 
-from tests.tts_service.tts_helpers import on_loopback
+from support.tts_helpers import on_loopback
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient, TTSError, TTSOverloaded
 from tts_service.orpheus.runtime import OrpheusSynthesizer

@@ -41,7 +41,7 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.workers.runner import WorkerRunner
 
 from agent.pipecat import StreamvoxTTSService
-from tests.pipecat.harness import Probe, counting_server, llm_reply
+from support.pipecat_harness import Probe, counting_server, llm_reply
 
 FIRST = (
     "Let me walk you through the three options we have for your trip next week. "

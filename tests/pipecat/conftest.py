@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.pipecat.harness import CountingServer, counting_server
+from support.pipecat_harness import CountingServer, counting_server
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ import numpy as np
 from pipecat.frames.frames import ErrorFrame, InterruptionFrame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.tests.utils import SleepFrame, run_test
 
-from tests.pipecat.harness import llm_reply
+from support.pipecat_harness import llm_reply
+from support.tts_helpers import eventually
 from tests.tts_service.compat_helpers import counted_server
-from tests.tts_service.tts_helpers import eventually
 
 REPLY = "Sure, I can help with that. Your booking is moved to Tuesday afternoon at three."
 LONG_REPLY = (

@@ -19,7 +19,7 @@ import websockets
 from aiohttp import web
 
 from pipelines.local_llm import LocalLLM, build_app
-from tests.pipecat.harness import TwilioCaller, counting_server, free_port, room_server, speech
+from support.pipecat_harness import TwilioCaller, counting_server, free_port, room_server, speech
 from tts_service.audio import mulaw_decode
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -21,7 +21,7 @@ import pytest
 import websockets
 
 from support.echo_path import EchoPath, Room
-from tests.pipecat.harness import TwilioCaller, counting_server, fake_llm, first_time, room_server, speech, voiced
+from support.pipecat_harness import TwilioCaller, counting_server, fake_llm, first_time, room_server, speech, voiced
 
 GREETING = (
     "Hello, and welcome to the travel desk! I can help you plan a trip by train, by bus or by plane, "

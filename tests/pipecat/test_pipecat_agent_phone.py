@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.pipecat.harness import counting_server, fake_llm, first_time, room_server, speech
+from support.pipecat_harness import counting_server, fake_llm, first_time, room_server, speech
 
 QUESTION = "What is the capital of France?"
 BARGE_IN = "Wait, stop. I would rather take the train, please."

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from agent.webrtc_uplink import PATIENCE, AudioReorderBuffer
-from tests.pipecat.harness import (
+from support.pipecat_harness import (
     RATE,
     VOICED,
     counting_server,

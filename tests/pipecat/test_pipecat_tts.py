@@ -29,8 +29,8 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.tests.utils import SleepFrame, run_test
 
 from agent.pipecat import StreamvoxTTSService
-from tests.pipecat.harness import RealtimePlayer, counting_server, llm_reply
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
+from support.pipecat_harness import RealtimePlayer, counting_server, llm_reply
+from support.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service.client import TTSClient
 from tts_service.piper.scheduler import SchedulerOptions
 

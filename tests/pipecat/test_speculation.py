@@ -19,7 +19,7 @@ import time
 import pytest
 
 from pipelines.pipecat_turns import same_words
-from tests.pipecat.harness import counting_server, fake_llm, first_time, room_server, twilio_call, voiced
+from support.pipecat_harness import counting_server, fake_llm, first_time, room_server, twilio_call, voiced
 
 QUESTION = "espeak-caribbean-f4/q-france"  # complete; smart-turn: incomplete (p 0.02 clean, 0.16 on the phone)
 # a pause of 0.4 s (shorter than smart-turn's timeout) after "Can you tell me?", which smart-turn calls

@@ -18,7 +18,7 @@ import pytest
 import websockets
 
 from pipelines.room_limits import Refusal, RoomLimits, check_offer, host_name, twilio_signature
-from tests.pipecat.harness import counting_server, fake_llm, room_server
+from support.pipecat_harness import counting_server, fake_llm, room_server
 
 # ---------------------------------------------------------------- the rules alone
 
@@ -114,7 +114,7 @@ async def _real_offer() -> tuple[object, dict]:
     """An aiortc caller's offer (audio), its connection left open (never given the answer)."""
     from aiortc import RTCPeerConnection
 
-    from tests.pipecat.harness import Microphone
+    from support.pipecat_harness import Microphone
 
     pc = RTCPeerConnection()
     pc.addTrack(Microphone())

@@ -17,7 +17,7 @@ from pipelines.stt import (
     transcribe,
     transcribe_short,
 )
-from tests.tts_service.tts_helpers import wer
+from support.tts_helpers import wer
 
 QUESTIONS = [
     "What is the weather going to be like in Denver tomorrow?",
@@ -120,7 +120,8 @@ def test_non_speech_through_opus_still_goes_to_the_full_window_and_is_dropped(mo
     """Coughs, bursts and hum make Whisper hallucinate ("I'm going to do that."): the short window
     must not take those words; the full window's verdict drops them."""
     from agent.sounds import cough, noise_burst
-    from tests.pipelines.stt_helpers import opus_round_trip, vad_like
+
+    from support.stt_helpers import opus_round_trip, vad_like
 
     tone = np.arange(16000) / 16000
     sounds = [cough(300, seed=1), noise_burst(800, rms=0.05, seed=2), (0.05 * np.sin(2 * np.pi * 120 * tone))]

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from pipelines.supervisor import Supervisor
-from tests.pipecat.harness import TwilioCaller, first_time, voiced
+from support.pipecat_harness import TwilioCaller, first_time, voiced
 from tts_service.localproc import ChildServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,7 +278,7 @@ async def test_the_launcher_restarts_a_killed_tts_child_and_the_call_hears_why_i
     import websockets
 
     from pipelines.voice_prompts import PHONE, VoicePrompts
-    from tests.pipecat.harness import REPLIES, fake_llm
+    from support.pipecat_harness import REPLIES, fake_llm
 
     replies = [REPLIES[0], "It is Paris.", "Paris, as I said.", "Paris, once more."]  # the first one is long
     async with (
@@ -390,7 +390,7 @@ def _check(config) -> str:
 
 async def test_a_key_the_tts_server_does_not_take_is_one_line_at_start():
     from pipelines.pipecat_agent import AgentConfig
-    from tests.pipecat.harness import fake_llm
+    from support.pipecat_harness import fake_llm
     from tts_service.localproc import ServerThread
     from tts_service.server import ServerConfig
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, on_loopback
+from support.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, on_loopback
 from tts_service.piper.runtime import Synthesizer
 from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.server import Server, ServerConfig

@@ -3,7 +3,7 @@
 The engine (about 2 s to load) and Whisper tiny.en are loaded once per session. Servers share
 the engine; each has its own Synthesizer (worker thread, scheduler, metrics), so a test that
 needs special limits or admission settings starts a small server of its own in milliseconds
-(``tests.tts_service.tts_helpers.running_server``).
+(``support.tts_helpers.running_server``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.tts_service.tts_helpers import API_KEY, RunningServer, running_server
+from support.tts_helpers import API_KEY, RunningServer, running_server
 from tts_service.piper.engine import PiperEngine
 from tts_service.server import ServerConfig
 

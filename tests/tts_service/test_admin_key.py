@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from support.tts_helpers import API_KEY, on_loopback, running_server
 from tests.tts_service.test_hardening_drain import serve_process
-from tests.tts_service.tts_helpers import API_KEY, on_loopback, running_server
 from tts_service import protocol as P
 from tts_service.cli import main
 from tts_service.piper.engine import PiperEngine

@@ -15,7 +15,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.tts_service.tts_helpers import raw_connection, running_server
+from support.tts_helpers import raw_connection, running_server
 from tts_service import protocol as P
 from tts_service.piper.engine import PiperEngine
 from tts_service.piper.scheduler import SchedulerOptions

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.tts_service.tts_helpers import RunningServer, eventually, running_server
+from support.tts_helpers import RunningServer, eventually, running_server
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError
 from tts_service.piper.scheduler import SchedulerOptions
 

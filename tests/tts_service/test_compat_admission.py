@@ -8,7 +8,7 @@ import json
 import aiohttp
 import openai
 
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT, running_server
+from support.tts_helpers import NO_ADMISSION_LIMIT, running_server
 from tts_service.client import TTSClient
 from tts_service.piper.scheduler import SchedulerOptions
 

@@ -15,7 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.tts_service.tts_helpers import API_KEY, RunningServer, running_server
+from support.tts_helpers import API_KEY, RunningServer, running_server
 from tts_service.compat.voices import VoiceMap
 from tts_service.server import ServerConfig
 

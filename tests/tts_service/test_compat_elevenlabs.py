@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.tts_service.tts_helpers import API_KEY, RunningServer, running_server
+from support.tts_helpers import API_KEY, RunningServer, running_server
 from tts_service.compat.elevenlabs import alignment
 from tts_service.compat.voices import VoiceMap
 from tts_service.server import ServerConfig

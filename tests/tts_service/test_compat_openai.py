@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.tts_service.tts_helpers import API_KEY, RunningServer, running_server, transcribe, wer
+from support.tts_helpers import API_KEY, RunningServer, running_server, transcribe, wer
 from tts_service.compat.voices import VoiceMap
 from tts_service.server import ServerConfig
 

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tests.tts_service.tts_helpers import rms
+from support.tts_helpers import rms
 from tts_service.core.engine import Engine
 from tts_service.piper.engine import HOP, MIN_SPAN, PiperEngine, Prepared, Window
 from tts_service.piper.receptive import graph_reach, measure_reach

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 
-from tests.tts_service.renders import RATE, render_sentences, render_streamed, reply_wer
-from tests.tts_service.tts_helpers import RunningServer, transcribe
+from support.renders import RATE, render_sentences, render_streamed, reply_wer
+from support.tts_helpers import RunningServer, transcribe
 from tts_service.client import TTSClient
 
 REPLIES = [

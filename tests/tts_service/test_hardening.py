@@ -16,8 +16,8 @@ import threading
 import aiohttp
 import pytest
 
-from tests.tts_service.hardening_helpers import NonReadingPeer, strict_json
-from tests.tts_service.tts_helpers import (
+from support.hardening_helpers import NonReadingPeer, strict_json
+from support.tts_helpers import (
     API_KEY,
     NO_ADMISSION_LIMIT,
     RunningServer,

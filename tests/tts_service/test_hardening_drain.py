@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.tts_service.tts_helpers import API_KEY, raw_connection, running_server
+from support.tts_helpers import API_KEY, raw_connection, running_server
 from tts_service import protocol as P
 from tts_service.localproc import free_port
 from tts_service.piper.engine import PiperEngine

@@ -25,8 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.tts_service.hardening_helpers import strict_json
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
+from support.hardening_helpers import strict_json
+from support.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service.localproc import ServerThread
 from tts_service.piper.scheduler import SchedulerOptions
 from tts_service.protocol import ErrorCode, Limits, MsgType

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp import web
 
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT
+from support.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError, TTSOverloaded
 from tts_service.localproc import ChildServer, free_port

@@ -18,7 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.tts_service.tts_helpers import (
+from support.tts_helpers import (
     API_KEY,
     NO_ADMISSION_LIMIT,
     RunningServer,

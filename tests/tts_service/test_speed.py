@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.tts_service.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, raw_connection, running_server
+from support.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, raw_connection, running_server
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.piper.engine import SPEED_RANGE, PiperEngine, Window

@@ -1,7 +1,7 @@
 // An echo path for the headless browser: what a loudspeaker and a room would add to the microphone.
 //
 // Why here and not in the page: the fake microphone has no echo, so without this the browser test
-// cannot see what happens to a caller on loudspeakers. tests/browser/harness.py installs this file
+// cannot see what happens to a caller on loudspeakers. support/browser/harness.py installs this file
 // before the page's own scripts (CDP Page.addScriptToEvaluateOnNewDocument), after a line that sets
 // window.__streamvoxEchoOptions = {delayMs, db, driftMsPerS, roomSeed, rt60S}.
 //

@@ -1,7 +1,7 @@
 """Test harness of the Pipecat plug-in: a counting server, a real-time player, a frame probe,
 callers of the demo room (WebRTC through aiortc, with an optionally lossy uplink; Twilio).
 
-Imported as ``tests.pipecat.harness`` by the suite, by ``tests/pipecat/bargein_ttfb.py`` and by
+Imported as ``support.pipecat_harness`` by the suite, by ``tests/pipecat/bargein_ttfb.py`` and by
 ``scripts/uplink_loss.py``.
 """
 

@@ -1,7 +1,8 @@
-"""Helpers of the tts_service suite: in-process servers, raw-socket reading, Whisper, WER.
+"""In-process servers, raw-socket reading, Whisper, WER: the tts_service suite's helpers, which
+the scripts use too (``scripts/probe_hardening.py``, ``tts_first_audio.py``, ``stt_latency.py``).
 
-Imported as ``tests.tts_service.tts_helpers`` (the repository root is on ``sys.path`` under
-``python -m pytest``).
+Imported as ``support.tts_helpers`` (the repository root is on ``sys.path`` under
+``python -m pytest``; scripts put it there).
 """
 
 from __future__ import annotations

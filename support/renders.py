@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from tests.tts_service.tts_helpers import wer
+from support.tts_helpers import wer
 from tts_service.client import AudioFrame, TTSClient
 
 RATE = 16000
