@@ -20,15 +20,14 @@ across contexts and cancels. Frames are routed by the server's per-context ``str
 any frame whose stream is not live (cancelled, finished, unknown) is dropped and counted, so a
 late frame can never play after a barge-in. A cancel resolves when the server's ack arrives;
 a missing ack means the connection cannot be trusted, so it is dropped and re-established.
-The protocol state itself lives in :mod:`tts_service.session` (shared with the plug-ins and the
-bench); this module is the asyncio driver around it.
 
-Replicas (:mod:`tts_service.replicas`): a new connection goes to the less loaded of two random
-replicas. A context refused with ``overloaded`` or ``draining`` (nothing was spoken) is opened
-again on another replica at once. A connection whose server announces its drain takes no new
-contexts: its live ones play to their end and it is closed once empty, so a connection is only
-ever replaced between turns. A connection that dies fails its live contexts with
-:class:`TTSConnectionError` - their audio is never replayed - and the next context goes elsewhere.
+This module is only the asyncio transport: the protocol state of a connection is
+:mod:`tts_service.session` and the connection policy - where a connection goes, back-off,
+a start refused with ``overloaded``/``draining`` opened again on another replica, the cancel-ack
+deadline, leaving a draining replica between turns, the :class:`StreamvoxStats` - is
+:mod:`tts_service.driver`, both shared with the Pipecat and LiveKit plug-ins. A connection that
+dies fails its live contexts with :class:`TTSConnectionError`; their audio is never replayed.
+Measured figures (TTFB, cancel latency) are in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from typing import Any
 import aiohttp
 
 from . import protocol as P
+from .driver import ClientDriver, ConnectionSettings, StreamvoxStats, renamed_settings
 from .replicas import Replica, ReplicaSet, Resolver
 from .session import (
     DRAINING_CODE,
@@ -69,9 +69,11 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AudioFrame",
     "CancelResult",
+    "ConnectionSettings",
     "Replica",
     "ReplicaSet",
     "Resolver",
+    "StreamvoxStats",
     "TTSClient",
     "TTSConnectionError",
     "TTSContext",
@@ -80,6 +82,7 @@ __all__ = [
     "TTSOverloaded",
     "Word",
     "WordTimings",
+    "wait_for_ack",
 ]
 
 
@@ -149,6 +152,20 @@ class CancelResult:
 _END = object()
 
 
+async def wait_for_ack(driver: ClientDriver, context_id: str, fut: asyncio.Future) -> Any:
+    """What ``fut`` (resolved by the transport when the ``cancelled`` arrives) resolves to, or
+    TimeoutError once ``driver`` says the cancel is overdue - the connection must then be replaced.
+    Every transport waits for an ack this way, so the deadline is the driver's alone."""
+    while True:
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), driver.ack_wait_s(context_id, time.monotonic()))
+        except TimeoutError:
+            if fut.done():
+                return fut.result()
+            if not driver.awaiting_ack(context_id) or driver.ack_overdue(context_id, time.monotonic()):
+                raise
+
+
 def _error(failed: Failed) -> TTSError:
     """The one translation of a server ``error`` into an exception."""
     cls = {P.ErrorCode.OVERLOADED: TTSOverloaded, DRAINING_CODE: TTSDraining}.get(failed.code, TTSError)
@@ -167,6 +184,7 @@ class _Connection:
         self.acks: dict[str, list[asyncio.Future]] = {}
         self.pings: dict[Any, asyncio.Future] = {}
         self.retired = False  # takes no new contexts (draining, refused, replaced); closed once empty
+        self.closing = False  # its close between turns is under way
         self.lost = asyncio.Event()
         self.lost_reason = ""
 
@@ -309,7 +327,12 @@ class TTSClient:
     name resolves to one address per replica (a headless Service); ``resolver`` replaces the
     system resolver (tests). ``connect_attempts`` bounds the tries of one connect (each try is
     one replica; with several replicas a failed one is skipped at once, with one the tries are
-    spaced by a jittered exponential backoff).
+    spaced by a jittered exponential backoff from ``reconnect_backoff_s`` to
+    ``reconnect_backoff_max_s``). ``cancel_ack_timeout_s``: how long a cancel waits for the
+    server's ack before the connection is replaced. The setting names are those of every streamvox
+    client (:class:`ConnectionSettings`); the names of earlier releases (``cancel_timeout``,
+    ``connect_timeout``, ``open_timeout``, ``backoff_s``, ``max_backoff_s``) still work, with a
+    DeprecationWarning.
     """
 
     def __init__(
@@ -317,36 +340,35 @@ class TTSClient:
         url: str | Sequence[str],
         *,
         api_key: str | None = None,
-        connect_timeout: float = 5.0,
-        cancel_timeout: float = 1.0,
-        open_timeout: float = 5.0,
+        connect_timeout_s: float = 5.0,
+        cancel_ack_timeout_s: float = 1.0,
+        open_timeout_s: float = 5.0,
         connect_attempts: int = 5,
-        backoff_s: float = 0.2,
-        max_backoff_s: float = 5.0,
+        reconnect_backoff_s: float = 0.2,
+        reconnect_backoff_max_s: float = 5.0,
         discover: bool = False,
         resolver: Resolver | None = None,
         probe_timeout_s: float = 0.5,
+        stats: StreamvoxStats | None = None,
+        **renamed: float,
     ) -> None:
-        self.replicas = ReplicaSet(
-            url,
-            discover=discover,
-            resolver=resolver,
-            backoff_s=backoff_s,
-            max_backoff_s=max_backoff_s,
+        given = {
+            "connect_timeout_s": connect_timeout_s,
+            "cancel_ack_timeout_s": cancel_ack_timeout_s,
+            "open_timeout_s": open_timeout_s,
+            "reconnect_backoff_s": reconnect_backoff_s,
+            "reconnect_backoff_max_s": reconnect_backoff_max_s,
+        }
+        self.settings = ConnectionSettings(
+            **renamed_settings("TTSClient", renamed, given),
+            connect_attempts=max(1, connect_attempts),
             probe_timeout_s=probe_timeout_s,
         )
+        self.driver = ClientDriver.for_urls(url, self.settings, discover=discover, resolver=resolver, stats=stats)
+        self.replicas = self.driver.replicas
+        self.stats = self.driver.stats
         self.url = url if isinstance(url, str) else self.replicas.label
         self.api_key = api_key
-        self.connect_timeout = connect_timeout
-        self.cancel_timeout = cancel_timeout
-        self.open_timeout = open_timeout
-        self.connect_attempts = max(1, connect_attempts)
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.reconnects = 0
-        self.connections = 0
-        self.frames_dropped = 0  # stale frames discarded (cancelled/unknown streams)
-        self.retries_elsewhere = 0  # contexts refused (full/draining) and opened on another replica
         self._http: aiohttp.ClientSession | None = None
         self._current: _Connection | None = None
         self._conns: set[_Connection] = set()
@@ -356,6 +378,35 @@ class TTSClient:
         self._background: set[asyncio.Task] = set()
         self._disconnected = asyncio.Event()
         self._lost_reason = ""
+
+    # ------------------------------------------------------------ settings and counters
+    @property
+    def cancel_ack_timeout_s(self) -> float:
+        return self.settings.cancel_ack_timeout_s
+
+    @property
+    def cancel_timeout(self) -> float:
+        """The earlier name of :attr:`cancel_ack_timeout_s` (still read by callers)."""
+        return self.settings.cancel_ack_timeout_s
+
+    @property
+    def connections(self) -> int:
+        """Connections placed so far; 1 means the socket was never replaced."""
+        return self.stats.connections
+
+    @property
+    def reconnects(self) -> int:
+        return self.stats.reconnects
+
+    @property
+    def frames_dropped(self) -> int:
+        """Stale frames discarded (cancelled or unknown streams)."""
+        return self.stats.frames_dropped
+
+    @property
+    def retries_elsewhere(self) -> int:
+        """Contexts refused (full/draining) and opened again on another replica."""
+        return self.stats.contexts_moved
 
     # ------------------------------------------------------------ connection
     @property
@@ -395,26 +446,19 @@ class TTSClient:
             conn = await self._place()
             self._current = conn
             self._disconnected.clear()
-            self.connections += 1
-            if self.connections > 1:
-                self.reconnects += 1
 
     async def _place(self) -> _Connection:
-        """Try replicas (best first) until one connects; back off when all are skipped."""
+        """Try replicas in the driver's order until one connects; back off as it says between tries."""
         last = "no replica was tried"
-        delay = self.backoff_s
-        for attempt in range(self.connect_attempts):
+        attempts = self.settings.connect_attempts
+        for attempt in range(attempts):
             if self._closed:  # close() ran during a background reconnect
                 raise TTSConnectionError("client is closed")
             try:
-                order = await self.replicas.choose(self._session())
+                chosen = await self.replicas.choose(self._session())
             except OSError as exc:
-                order, last = [], str(exc)
-            if not order and attempt + 1 == self.connect_attempts:
-                # Everything is backed off: a last try on the replica that comes back first, so
-                # a full server answers with its own 'overloaded' rather than us guessing.
-                order = sorted(self.replicas.replicas, key=lambda r: r.down_until)[:1]
-            for replica in order:
+                chosen, last = [], str(exc)
+            for replica in self.driver.candidates(chosen, last_attempt=attempt + 1 == attempts):
                 try:
                     conn = await self._connect_to(replica)
                 except TTSConnectionError:
@@ -423,14 +467,12 @@ class TTSClient:
                     if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
                         raise TTSConnectionError(f"server refused the API key (HTTP {exc.status})") from None
                     last = f"{exc or type(exc).__name__}"
-                    self.replicas.mark_failed(replica, last)
+                    self.driver.dial_failed(replica, last, time.monotonic())
                     continue
-                self.replicas.mark_ok(replica)
+                self.driver.dialled(replica)
                 return conn
-            if attempt + 1 < self.connect_attempts:
-                wait = self.replicas.wait_s() if len(self.replicas.replicas) > 1 else 0.0
-                await asyncio.sleep(max(wait, self.replicas.jitter(delay)))
-                delay = min(self.max_backoff_s, delay * 2)
+            if attempt + 1 < attempts:
+                await asyncio.sleep(self.driver.retry_delay(attempt, time.monotonic()))
         raise TTSConnectionError(f"cannot connect to {self.replicas.label}: {last}") from None
 
     def _session(self) -> aiohttp.ClientSession:
@@ -444,17 +486,18 @@ class TTSClient:
             headers["Host"] = replica.host_header
         # Bounded as a whole: a pod's address can vanish without a reset (packets just dropped),
         # and TCP's own connect timeout is minutes - long enough to stall a turn.
-        async with asyncio.timeout(self.connect_timeout):
+        timeout_s = self.settings.connect_timeout_s
+        async with asyncio.timeout(timeout_s):
             ws = await self._session().ws_connect(
                 replica.url,
                 headers=headers,
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=self.connect_timeout),
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=timeout_s),
                 heartbeat=30.0,
                 max_msg_size=0,
                 server_hostname=replica.server_hostname,
             )
         try:
-            msg = await asyncio.wait_for(ws.receive(), self.connect_timeout)
+            msg = await asyncio.wait_for(ws.receive(), timeout_s)
             if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
                 raise SessionError(f"expected a 'ready' message, got {msg.type!r}")
             info = check_ready(msg.data)
@@ -490,7 +533,11 @@ class TTSClient:
         self._close_if_idle(conn)
 
     def _close_if_idle(self, conn: _Connection) -> None:
-        if conn.retired and not conn.session.open_contexts and conn.open:
+        """Between turns: a retired connection whose last context has finished is closed."""
+        if conn.retired and not conn.session.open_contexts and conn.open and not conn.closing:
+            conn.closing = True
+            if self.driver.leave_now(conn.session):
+                self.driver.left()
             self._spawn(self._drop(conn, "replaced between turns"))
 
     async def _drop(self, conn: _Connection, reason: str) -> None:
@@ -584,22 +631,13 @@ class TTSClient:
             "text": text,
             "speed": speed,
         }
-        refusals = 0
-        while True:
-            try:
-                return await self._open_once(ctx_id, opts, wait)
-            except TTSOverloaded:
-                refusals += 1  # each replica gets one chance per open
-                if not wait or refusals >= len(self.replicas.replicas):
-                    raise
-                self.retries_elsewhere += 1
+        tries = 1  # each replica gets one chance per open
+        while (ctx := await self._open_once(ctx_id, opts, wait, tries)) is None:
+            tries += 1
+        return ctx
 
-    def _refused(self, conn: _Connection, exc: TTSOverloaded) -> None:
-        """A replica refused a context for lack of room: back it off and place the next elsewhere."""
-        self.replicas.mark_failed(conn.replica, exc.code, retry_after_s=exc.retry_after_ms / 1000)
-        self._retire(conn)
-
-    async def _open_once(self, ctx_id: str, opts: dict[str, Any], wait: bool) -> TTSContext:
+    async def _open_once(self, ctx_id: str, opts: dict[str, Any], wait: bool, tries: int) -> TTSContext | None:
+        """One try of :meth:`open` on the current connection; ``None``: refused, try elsewhere."""
         if not self.connected:
             await self.connect()
         conn = self._current
@@ -615,11 +653,18 @@ class TTSClient:
         try:
             await self._send(conn, start)
             sent = True
+            self.stats.contexts += 1
             if wait:
-                await asyncio.wait_for(ctx._started, self.open_timeout)
+                await asyncio.wait_for(ctx._started, self.settings.open_timeout_s)
         except TTSOverloaded as exc:
-            if len(self.replicas.replicas) > 1 or isinstance(exc, TTSDraining):
-                self._refused(conn, exc)
+            # Refused for lack of room (nothing was spoken): the driver says whether to stop
+            # using this connection and whether another replica gets the start.
+            refusal = self.driver.refused(conn.replica, exc.code, exc.retry_after_ms, tries=tries, now=time.monotonic())
+            if refusal.retire:
+                self._retire(conn)
+            if refusal.retry_elsewhere:
+                self.driver.moved()
+                return None
             raise
         except BaseException:
             if not s.finished:
@@ -646,7 +691,7 @@ class TTSClient:
             item = ctx._queue.get_nowait()
             if isinstance(item, AudioFrame):
                 ctx._dropped_queued += 1
-                self.frames_dropped += 1
+                self.stats.frames_dropped += 1
         ctx._queue.put_nowait(_END)
 
     async def _cancel(self, ctx: TTSContext, timeout: float | None) -> CancelResult:
@@ -664,11 +709,13 @@ class TTSClient:
         fut = asyncio.get_running_loop().create_future()
         conn.acks.setdefault(s.context_id, []).append(fut)
         message = conn.session.cancel(s)  # None: another cancel of it is already on its way
-        limit = timeout if timeout is not None else self.cancel_timeout
+        if message is not None:
+            self.driver.cancel_sent(s.context_id, t0, timeout)
         try:
             await self._send(conn, message)
-            ack = await asyncio.wait_for(fut, limit)
+            ack = await self._ack(fut, s.context_id, t0, timeout, tracked=message is not None)
         except TimeoutError:
+            limit = timeout if timeout is not None else self.settings.cancel_ack_timeout_s
             log.warning("no cancel ack for %s within %.1f s: reconnecting", s.context_id, limit)
             await self._drop(conn, "cancel was not acknowledged")
             if not self._closed:
@@ -676,7 +723,18 @@ class TTSClient:
             return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel, "timeout")
         except TTSConnectionError:
             return CancelResult(False, time.monotonic() - t0, 0, ctx.dropped_after_cancel, "disconnected")
+        finally:
+            if message is not None:
+                self.driver.cancel_abandoned(s.context_id)  # no-op once acked or timed out
         return CancelResult(True, time.monotonic() - t0, ack.frames_dropped, ctx.dropped_after_cancel)
+
+    async def _ack(self, fut: asyncio.Future, context_id: str, t0: float, timeout: float | None, *, tracked: bool):
+        """The server's ack, or TimeoutError once the driver says the cancel is overdue. A second
+        cancel of the same context (no message of its own) waits for the same ack, on its own clock."""
+        if tracked:
+            return await wait_for_ack(self.driver, context_id, fut)
+        limit = timeout if timeout is not None else self.settings.cancel_ack_timeout_s
+        return await asyncio.wait_for(fut, max(0.0, t0 + limit - time.monotonic()))
 
     async def _reconnect_quietly(self) -> None:
         try:
@@ -719,14 +777,14 @@ class TTSClient:
         if conn.reader is asyncio.current_task():
             conn.reader = None
             await ws.close()
-            if not conn.retired:
-                self.replicas.mark_failed(conn.replica, reason)  # died under us: skip it for a while
+            live = sum(1 for s in conn.session.open_contexts if not s.gated)
+            self.driver.lost(conn.replica, reason, retired=conn.retired, contexts=live, now=time.monotonic())
             self._lost(conn, reason)
 
     def _dispatch(self, conn: _Connection, ev: object) -> None:
         if isinstance(ev, _Audio):
             if ev.stale or ev.ctx is None:
-                self.frames_dropped += 1
+                self.stats.frames_dropped += 1
                 return
             ctx: TTSContext = ev.ctx.owner
             s = ev.ctx
@@ -744,6 +802,7 @@ class TTSClient:
             ev.ctx.owner._queue.put_nowait(_END)
             self._close_if_idle(conn)
         elif isinstance(ev, Acked):
+            self.driver.acked(ev.context_id, time.monotonic(), ev.frames_dropped)
             for fut in conn.acks.pop(ev.context_id, []):
                 if not fut.done():
                     fut.set_result(ev)
@@ -756,7 +815,7 @@ class TTSClient:
                 fut.set_result(None)
         elif isinstance(ev, Draining):
             log.info("%s is draining: new contexts go to another replica", conn.replica.url)
-            self.replicas.mark_failed(conn.replica, "draining", retry_after_s=self.max_backoff_s)
+            self.driver.draining(conn.replica, time.monotonic())
             self._retire(conn)
         elif isinstance(ev, Unknown) and not ev.stray:
             log.warning("unknown server message type %r", ev.msg.get("type"))

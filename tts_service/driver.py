@@ -292,6 +292,10 @@ class ClientDriver:
         if self._cancels.pop(context_id, None) is not None:
             self.stats.cancels_unacked += 1
 
+    def awaiting_ack(self, context_id: str) -> bool:
+        """Whether a cancel of ``context_id`` is still waiting for its ack."""
+        return context_id in self._cancels
+
     @property
     def pending_cancels(self) -> int:
         return len(self._cancels)

@@ -98,10 +98,10 @@ def test_with_several_replicas_a_retry_waits_until_one_is_out_of_its_backoff() -
 def test_an_unacknowledged_cancel_condemns_the_connection_at_its_deadline() -> None:
     d = _driver(cancel_ack_timeout_s=0.5)
     deadline = d.cancel_sent("c1", now=1.0)
-    assert deadline == 1.5 and d.ack_wait_s("c1", 1.2) == pytest.approx(0.3)
+    assert deadline == 1.5 and d.ack_wait_s("c1", 1.2) == pytest.approx(0.3) and d.awaiting_ack("c1")
     assert not d.ack_overdue("c1", 1.2)  # still in time: keep waiting
     assert d.ack_overdue("c1", 1.4995)  # a timer that fires a tick early still counts
-    assert d.ack_wait_s("c1", 1.6) == 0.0 and not d.ack_overdue("c1", 2.0)  # settled once
+    assert d.ack_wait_s("c1", 1.6) == 0.0 and not d.ack_overdue("c1", 2.0) and not d.awaiting_ack("c1")  # settled once
     assert (d.stats.cancels, d.stats.cancel_ack_timeouts, d.stats.cancels_unacked, d.stats.cancel_acks) == (1, 1, 1, 0)
     # a per-cancel timeout, and polling for every overdue cancel at once
     d.cancel_sent("c2", now=3.0, timeout_s=0.1)
