@@ -1,5 +1,6 @@
-"""The adaptive jitter buffer on the simulated jittery link of tests/agent/test_jitter.py, over
-more seeds than the test runs: underruns before/after adapting, adapted and clean-link targets.
+"""The adaptive jitter buffer on the simulated jittery link that tests/agent/test_jitter.py runs
+(``support.jitter_link``), over more seeds than the test: underruns before/after adapting, adapted
+and clean-link targets.
 
     .venv/bin/python scripts/jitter_seeds.py 12
 """
@@ -9,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "agent"))
-from test_jitter import SR, simulate  # the test's link model, not a copy of it
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/
 from agent.jitter import AdaptiveJitterBuffer
+from support.jitter_link import SR, simulate  # the test's link model, not a copy of it
 
 seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 12
 print("seed  underruns 1-10  underruns 11-50  adapted target ms  clean-link target ms  clean underruns")

@@ -3,8 +3,11 @@
 * ``tts_service`` (the server) never imports the agent side, the apps or a voice framework;
 * ``agent`` uses the server package only through its client-facing modules, and Pipecat or
   LiveKit only inside their own plug-in modules;
-* nothing imports ``pipelines`` (apps are not libraries), and its modules do not import each
-  other in a circle;
+* nothing imports ``pipelines`` (apps are not libraries);
+* no import circles anywhere in the project (every folder with Python in it but tests/);
+* nothing outside ``tests/`` imports ``tests/`` or puts it on ``sys.path`` (shared helpers live in
+  ``support/``), and the product (``tts_service``, ``agent``, ``pipelines``) imports no tool
+  (``bench``, ``scripts``, ``support``);
 * ``examples`` use the public API only;
 * the engine-independent core (``tts_service.core``) imports no engine package, and no engine
   package imports another (a third engine goes beside them and meets only the core).
@@ -148,29 +151,200 @@ def test_nothing_outside_pipelines_imports_it():
     assert bad == []
 
 
-def test_pipelines_modules_do_not_import_each_other_in_a_circle():
+# Every folder of the repository with Python in it except tests/: the product, the tools (bench,
+# the simulation), the support package, scripts and examples. Found rather than listed, so a new
+# package is covered the day it appears.
+def _project_folders() -> list[str]:
+    return sorted(
+        d.name
+        for d in ROOT.iterdir()
+        if d.is_dir()
+        and not d.name.startswith(".")
+        and d.name != "tests"
+        and not d.name.endswith(".egg-info")
+        and _files(d.name)
+    )
+
+
+def _project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for folder in _project_folders() for p in _files(folder)}
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``modules`` it imports, lazy imports included. An import names the
+    longest module it reaches (``from pkg import name``: ``pkg.name`` when that is a module, else
+    ``pkg``). A module's own packages are left out: Python imports them before the module anyway,
+    so ``from . import sibling`` is no circle."""
     graph: dict[str, set[str]] = {}
-    for path in _files("pipelines"):
-        name = _module_name(path)
-        graph[name] = {m for _, m in _imports(path) if _is(m, "pipelines") and m != name and m in _all_modules()}
-
-    def cycle_from(start: str) -> list[str] | None:
-        stack = [(start, [start])]
-        while stack:
-            node, trail = stack.pop()
-            for nxt in graph.get(node, ()):
-                if nxt == start:
-                    return [*trail, nxt]
-                if nxt not in trail:
-                    stack.append((nxt, [*trail, nxt]))
-        return None
-
-    cycles = [c for c in (cycle_from(m) for m in graph) if c]
-    assert cycles == [], f"import cycles: {[' -> '.join(c) for c in cycles]}"
+    for name, path in modules.items():
+        targets = set()
+        for _, mod in _imports(path, module=name):
+            parts = mod.split(".")
+            hit = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None)
+            if hit is not None and hit != name and not _is(name, hit):
+                targets.add(hit)
+        graph[name] = targets
+    return graph
 
 
-def _all_modules() -> set[str]:
-    return {_module_name(p) for p in _files("pipelines")}
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle (``[a, b, ..., a]``) per strongly connected group of modules (Tarjan's algorithm),
+    so each tangle is reported once however many ways round it there are."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_a_way_round(graph, group) for group in groups]
+
+
+def _a_way_round(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """The shortest circle through the group's first module (breadth first, inside the group)."""
+    start = min(group)
+    trails = [[start]]
+    seen = {start}
+    while trails:
+        trail = trails.pop(0)
+        for nxt in sorted(graph[trail[-1]] & group):
+            if nxt == start:
+                return [*trail, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                trails.append([*trail, nxt])
+    raise AssertionError(f"no circle in {group}")  # a strongly connected group always has one
+
+
+def test_no_import_circles_anywhere():
+    assert {"tts_service", "agent", "pipelines", "bench", "support", "scripts", "examples"} <= set(_project_folders())
+    circles = _circles(_import_graph(_project_modules()))
+    assert circles == [], f"import circles: {[' -> '.join(c) for c in circles]}"
+
+
+def _tests_rule(path: Path, mod: str) -> str | None:
+    if _is(mod, "tests"):
+        return "nothing outside tests/ imports tests/: a helper both need goes in support/"
+    return None
+
+
+def _names_tests(node: ast.AST) -> bool:
+    """A string with ``tests`` as one of its path parts (``"tests"``, ``"tests/agent"``, ``"/x/tests"``)."""
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and "tests" in node.value.split("/")
+
+
+def _tests_on_sys_path(path: Path) -> list[int]:
+    """Lines that put tests/ (or a folder in it) on ``sys.path``: a bare-name import from there
+    (``from test_jitter import simulate``) is an import of tests/ by another name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append", "extend")
+            and ast.unparse(node.func.value) == "sys.path"
+            and any(_names_tests(c) for arg in node.args for c in ast.walk(arg))
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def _reaches_into_tests(folder: str) -> list[str]:
+    bad = _violations(folder, _tests_rule)
+    for path in _files(folder):
+        bad += [f"{path.relative_to(ROOT)}:{n} puts tests/ on sys.path" for n in _tests_on_sys_path(path)]
+    return bad
+
+
+def test_nothing_outside_tests_imports_tests():
+    bad = []
+    for folder in _project_folders():
+        bad += _reaches_into_tests(folder)
+    assert bad == []
+
+
+PRODUCT = ("tts_service", "agent", "pipelines")
+TOOLS = ("bench", "scripts", "support", "tests")  # drive the product from outside; it knows none of them
+
+
+def _product_rule(path: Path, mod: str) -> str | None:
+    for tool in TOOLS:
+        if _is(mod, tool):
+            return f"the product never imports {tool}: the tools drive it from outside"
+    return None
+
+
+def test_the_product_imports_no_tool():
+    bad = []
+    for folder in PRODUCT:
+        bad += _violations(folder, _product_rule)
+    assert bad == []
+
+
+def test_the_circle_and_tests_checkers_see_a_crossing(tmp_path):
+    """The project-wide rules are live: a planted circle is found (one of them lazy, relative
+    imports resolved), a module's import of its own package is none, and a reach into tests/ by
+    import or by ``sys.path`` is reported; so is the product importing a tool."""
+    old_cli = tmp_path / "cli.py"  # the circle this project had: the CLI and the bench's CLI
+    old_cli.write_text("def build_parser():\n    from .bench.cli import add_bench_parser\n", encoding="utf-8")
+    old_bench_cli = tmp_path / "bench_cli.py"
+    old_bench_cli.write_text("from ..protocol import WS_PATH\n\ndef _levels():\n    from ..cli import CliError\n")
+    modules = {**_project_modules(), "tts_service.cli": old_cli, "tts_service.bench.cli": old_bench_cli}
+    assert _circles(_import_graph(modules)) == [["tts_service.bench.cli", "tts_service.cli", "tts_service.bench.cli"]]
+    # relative: a module and its sibling, one lazily; their package's __init__ importing them is no circle
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .a import f\n", encoding="utf-8")
+    (pkg / "a.py").write_text("from . import b\n\ndef f():\n    pass\n", encoding="utf-8")
+    (pkg / "b.py").write_text("def g():\n    from .a import f\n", encoding="utf-8")
+    planted = {"probe.pkg": pkg / "__init__.py", "probe.pkg.a": pkg / "a.py", "probe.pkg.b": pkg / "b.py"}
+    assert _circles(_import_graph(planted)) == [["probe.pkg.a", "probe.pkg.b", "probe.pkg.a"]]
+    (pkg / "b.py").write_text("def g():\n    from . import c\n", encoding="utf-8")
+    assert _circles(_import_graph(planted)) == []
+    # tests/ reached from outside: by import (lazily too) or by putting it on sys.path
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\n"
+        'sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "agent"))\n'
+        'sys.path.append("support")\n'
+        "def f():\n    from tests.tts_service import tts_helpers\n",
+        encoding="utf-8",
+    )
+    assert [m for _, m in _imports(script, module="scripts.script") if _tests_rule(script, m)] == [
+        "tests.tts_service",
+        "tests.tts_service.tts_helpers",
+    ]
+    assert _tests_on_sys_path(script) == [3]
+    assert _tests_rule(script, "support.tts_helpers") is None
+    # the product reaching for a tool
+    assert _product_rule(ROOT / "tts_service" / "cli.py", "bench.cli")
+    assert _product_rule(ROOT / "pipelines" / "probe.py", "support.callers")
+    assert _product_rule(ROOT / "agent" / "probe.py", "scripts.browser_scenario")
+    assert _product_rule(ROOT / "tts_service" / "orpheus" / "probe.py", "tts_service.orpheus.bench") is None
 
 
 def test_the_checker_sees_a_crossing(tmp_path):
