@@ -124,7 +124,7 @@ def _targets(args: argparse.Namespace, console):
         with spawned(*missing) as started:
             yield {**given, **started}
     except ServerStartError as exc:
-            raise BenchError(str(exc)) from None
+        raise BenchError(str(exc)) from None
 
 
 def _run(coro_fn: Callable, status, what: str):
