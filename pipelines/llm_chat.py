@@ -26,6 +26,9 @@ from typing import Any
 
 import torch
 
+from llama import Sampling
+from llama.sampler import choose
+
 from .llm_model import Llama
 
 PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds attention memory; a stop is seen between chunks
@@ -119,15 +122,6 @@ class TurnStats:
     slot: int = 0
     moved_tokens: int = 0  # cached tokens moved to earlier positions because the history lost its oldest part
     dropped_tokens: int = 0  # cached tokens that part held
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    max_tokens: int = 128
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 0.9
-    repetition_penalty: float = 1.1  # HF's: over every id of the prompt and the reply so far
-    seed: int | None = None
 
 
 class ChatEngine:
@@ -268,7 +262,7 @@ class ChatEngine:
             stats.finish_reason = "length"
             try:
                 while stats.completion_tokens < limit:
-                    token = _choose(logits, seen, sampling, gen)
+                    token = choose(logits, seen, sampling, gen)
                     if token in eos_ids:
                         stats.finish_reason = "stop"
                         break
@@ -287,15 +281,3 @@ class ChatEngine:
         finally:
             self.busy.discard(slot_i)
 
-
-def _choose(logits: torch.Tensor, seen: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
-    if s.repetition_penalty != 1.0:
-        p = s.repetition_penalty
-        logits = torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
-    if s.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / s.temperature, dim=-1)
-    sorted_p, order = torch.sort(probs, descending=True)
-    keep = torch.cumsum(sorted_p, 0) - sorted_p < s.top_p  # the smallest set whose mass reaches top_p
-    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-    return int(order[torch.multinomial(sorted_p, 1, generator=gen)])

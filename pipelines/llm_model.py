@@ -21,13 +21,15 @@ position (re-rotating its keys), so a conversation that drops its oldest turns k
 
 Layouts follow HF transformers: GGUF stores q/k rows permuted for llama.cpp's interleaved RoPE;
 the loader undoes that permutation (a row reordering, so 4-bit blocks stay intact) and the model
-uses rotate-half RoPE. q/k/v and gate/up are fused into one matmul each.
+uses rotate-half RoPE. q/k/v and gate/up are fused into one matmul each. The config, the RoPE
+tables and the sampler are the ones the Orpheus TTS backbone uses too (:mod:`llama`); this
+module is the CPU forward pass, which stays its own (int4 kernels, one conversation per slot).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,101 +37,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from llama import ConfigError, LlamaConfig
+from llama.rope import angles, rotate_half
+
 GROUP = 32  # Q4_1/Q8_0 block length: values per scale
 REFINE = 64  # head candidates recomputed in float32 (see Llama._head)
 INT4_MAX_ROWS = 16  # above this many rows a bf16 GEMM beats the int4 kernel (docs/BENCHMARKS.md)
 CAUSAL_MIN_ROWS = 256  # a fresh prompt longer than this runs causal SDPA (half the work; slower when short)
 
 
-class ModelFormatError(ValueError):
+class ModelFormatError(ConfigError):
     """A checkpoint this model cannot run; the message says what is wrong."""
 
 
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    vocab_size: int = 49152
-    dim: int = 576
-    n_layers: int = 30
-    n_heads: int = 9
-    n_kv_heads: int = 3
-    head_dim: int = 64
-    intermediate: int = 1536
-    norm_eps: float = 1e-5
-    rope_theta: float = 100000.0
-    max_position: int = 8192
+# The model this runtime is tuned for (the GGUF's own metadata says the same).
+SMOLLM2_135M = LlamaConfig(
+    vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536,
+    rope_theta=100000.0, max_position=8192,
+)
 
-    @property
-    def groups(self) -> int:
-        return self.n_heads // self.n_kv_heads
 
-    @classmethod
-    def from_gguf_fields(cls, fields: dict) -> ModelConfig:
-        arch = fields.get("general.architecture")
-        if arch != "llama":
-            raise ModelFormatError(f"GGUF architecture {arch!r} is not llama")
-        p = "llama."
-        dim, heads = int(fields[p + "embedding_length"]), int(fields[p + "attention.head_count"])
-        return cls(
-            vocab_size=int(fields.get(p + "vocab_size") or len(fields["tokenizer.ggml.tokens"])),
-            dim=dim,
-            n_layers=int(fields[p + "block_count"]),
-            n_heads=heads,
-            n_kv_heads=int(fields.get(p + "attention.head_count_kv", heads)),
-            head_dim=int(fields.get(p + "rope.dimension_count", dim // heads)),
-            intermediate=int(fields[p + "feed_forward_length"]),
-            norm_eps=float(fields[p + "attention.layer_norm_rms_epsilon"]),
-            rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
-            max_position=int(fields.get(p + "context_length", 2048)),
-        )
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> ModelConfig:
-        if cfg.get("model_type", "llama") != "llama":
-            raise ModelFormatError(f"model_type {cfg.get('model_type')!r} is not a Llama model")
-        if cfg.get("rope_scaling") or cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise ModelFormatError("rope scaling and attention/MLP biases are not supported")
-        if not cfg.get("tie_word_embeddings", False):
-            raise ModelFormatError("only tied embeddings are supported (SmolLM2 ties lm_head to embed_tokens)")
-        heads = int(cfg["num_attention_heads"])
-        rope = cfg.get("rope_parameters") or {}
-        return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            dim=int(cfg["hidden_size"]),
-            n_layers=int(cfg["num_hidden_layers"]),
-            n_heads=heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-            intermediate=int(cfg["intermediate_size"]),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0),
-            max_position=int(cfg.get("max_position_embeddings", 2048)),
-        )
-
-    def to_hf(self) -> dict:
-        """A transformers ``LlamaConfig`` dict (tests build the reference model from it)."""
-        return {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.dim,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "rms_norm_eps": self.norm_eps,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position,
-            "tie_word_embeddings": True,
-            "hidden_act": "silu",
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelConfig:
-        return cls(**json.loads(text))
+def check_runnable(cfg: LlamaConfig) -> LlamaConfig:
+    """``cfg`` if this runtime can run it: no RoPE rescaling (Llama 3's) and a tied head."""
+    if cfg.rope_scaling:
+        raise ModelFormatError("rope scaling is not supported by the local LLM's runtime")
+    if not cfg.tie_embeddings:
+        raise ModelFormatError("only tied embeddings are supported (SmolLM2 ties lm_head to embed_tokens)")
+    return cfg
 
 
 # ---------------------------------------------------------------------- weights
@@ -208,7 +142,7 @@ _GGUF_NAMES = {
 }
 
 
-def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, Weight], dict]:
+def read_gguf(path: str | Path) -> tuple[LlamaConfig, dict[str, Weight], dict]:
     """(config, weights under HF names, GGUF metadata fields) of a llama GGUF file.
 
     Q4_1 matrices stay 4-bit codes (:class:`Q4Weight`); F32/F16/Q8_0 tensors become float32.
@@ -227,7 +161,10 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, Weight], dict]:
             fields[key] = field.contents()
         except Exception:  # a field gguf cannot decode is one we do not need
             continue
-    cfg = ModelConfig.from_gguf_fields(fields)
+    try:
+        cfg = check_runnable(LlamaConfig.from_gguf_fields(fields))
+    except ConfigError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
     weights: dict[str, Weight] = {}
     for t in reader.tensors:
         cols, rows = (int(t.shape[0]), int(t.shape[1])) if len(t.shape) == 2 else (int(t.shape[0]), 1)
@@ -271,7 +208,7 @@ def dense(w: Weight) -> Tensor:
 # ---------------------------------------------------------------------- the model
 
 
-def prepare(cfg: ModelConfig, weights: dict[str, Weight], precision: str = "int4") -> dict[str, Tensor]:
+def prepare(cfg: LlamaConfig, weights: dict[str, Weight], precision: str = "int4") -> dict[str, Tensor]:
     """The tensors :class:`Llama` runs on, from HF-named weights: what the disk cache stores.
 
     ``int4``: Q4_1 matrices packed for ``_weight_int4pack_mm_for_cpu`` with bf16 scale/zero
@@ -334,11 +271,6 @@ class Linear:
         return F.linear(x, self.weight)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 class Layer:
     def __init__(self, t: dict[str, Tensor], i: int) -> None:
         self.attn_norm, self.ffn_norm = t[f"{i}.attn_norm"], t[f"{i}.ffn_norm"]
@@ -354,7 +286,7 @@ class Llama:
     their overhead is a large part of its time).
     """
 
-    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], *, slots: int = 4, max_len: int = 2048) -> None:
+    def __init__(self, cfg: LlamaConfig, tensors: dict[str, Tensor], *, slots: int = 4, max_len: int = 2048) -> None:
         if cfg.n_heads % cfg.n_kv_heads:
             raise ModelFormatError(f"{cfg.n_heads} heads are not a multiple of {cfg.n_kv_heads} KV heads")
         if slots < 1 or max_len < 2:
@@ -374,10 +306,7 @@ class Llama:
         # pages of a large allocation cost no memory, so a long context costs only what it holds.
         self.cache_k = [torch.empty(shape, dtype=self.dtype) for _ in self.layers]
         self.cache_v = [torch.empty(shape, dtype=self.dtype) for _ in self.layers]
-        d = cfg.head_dim
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        freqs = torch.outer(torch.arange(self.max_len, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)  # [L, hd]
+        emb = angles(cfg, self.max_len, precision=torch.float32)  # [L, hd], as transformers computes it
         self.cos = emb.cos().to(self.dtype)[:, None, :]  # [L, 1, hd]
         self.sin = emb.sin().to(self.dtype)[:, None, :]
 
@@ -408,8 +337,8 @@ class Llama:
             q, k, v = layer.wqkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
             q = q.view(T, H, hd)
             k = k.view(T, KV, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
             ck[slot, :, start:S] = k.transpose(0, 1)
             cv[slot, :, start:S] = v.view(T, KV, hd).transpose(0, 1)
             keys, values = ck[slot : slot + 1, :, :S], cv[slot : slot + 1, :, :S]
@@ -454,7 +383,7 @@ class Llama:
         sin = self.sin[delta].float()
         for ck, cv in zip(self.cache_k, self.cache_v, strict=True):
             k = ck[slot, :, src : src + n].float()  # [KV, n, hd]; a copy, so overlapping ranges are safe
-            ck[slot, :, dst : dst + n] = (k * cos - _rotate_half(k) * sin).to(self.dtype)  # rotate by -delta
+            ck[slot, :, dst : dst + n] = (k * cos - rotate_half(k) * sin).to(self.dtype)  # rotate by -delta
             cv[slot, :, dst : dst + n] = cv[slot, :, src : src + n].clone()
 
     def _head(self, last: Tensor) -> Tensor:
@@ -471,12 +400,12 @@ class Llama:
         return coarse
 
 
-def load_hf_weights(directory: Path) -> tuple[ModelConfig, dict[str, Weight]]:
+def load_hf_weights(directory: Path) -> tuple[LlamaConfig, dict[str, Weight]]:
     """An HF Llama directory (``config.json`` + ``*.safetensors``) as float32 weights."""
     from safetensors.torch import load_file
 
     try:
-        cfg = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+        cfg = check_runnable(LlamaConfig.from_hf(json.loads((directory / "config.json").read_text())))
     except (OSError, KeyError, ValueError) as exc:
         raise ModelFormatError(f"{directory}: no usable config.json ({exc})") from None
     files = sorted(directory.glob("*.safetensors"))

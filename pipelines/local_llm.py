@@ -224,7 +224,9 @@ class LocalLLM:
     def _from_gguf(self, progress):
         from safetensors.torch import load_file, save_file
 
-        from .llm_model import ModelConfig, prepare, read_gguf
+        from llama import LlamaConfig
+
+        from .llm_model import prepare, read_gguf
 
         folder = _cache_root() / f"{self.name}-{_gguf_key(self.source)}-{self.precision}-{CACHE_VERSION}"
         if not (folder / "model.safetensors").is_file():
@@ -242,7 +244,7 @@ class LocalLLM:
                 tmp.replace(folder)
             return cfg, tensors, folder
         return (
-            ModelConfig.from_json((folder / "model.json").read_text()),
+            LlamaConfig.from_json((folder / "model.json").read_text()),
             load_file(folder / "model.safetensors"),
             folder,
         )
@@ -358,7 +360,7 @@ class LocalLLM:
         prompt: FittedPrompt | None = None,
     ) -> None:
         """Queue a request: ``emit(text)`` per piece and ``done(result or error)`` once, from the worker."""
-        from .llm_chat import Sampling
+        from llama import Sampling
 
         if self.engine is None:
             raise RuntimeError("call load() first")

@@ -107,7 +107,7 @@ def _turn_figures(t_req: float, stamps: list[float], prompt_tokens: int, reused:
 def run_new(llm, threads: int) -> list[dict]:
     import torch
 
-    from pipelines.llm_chat import Sampling
+    from llama import Sampling
 
     llm.threads = threads
     llm.engine.reset()

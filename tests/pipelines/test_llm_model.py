@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.llm_chat import ChatEngine, Sampling, StreamDecoder
+from llama import Sampling
+from pipelines.llm_chat import ChatEngine, StreamDecoder
 from pipelines.llm_model import CAUSAL_MIN_ROWS, Llama, dense, prepare, read_gguf
 from pipelines.local_llm import LocalLLM, bundled_gguf
 
@@ -234,12 +235,14 @@ def test_a_stopped_generation_leaves_a_consistent_cache(llm: LocalLLM) -> None:
 def test_a_hugging_face_llama_directory_runs_like_transformers(tmp_path, llm: LocalLLM) -> None:
     """``--model DIR``: a tiny random Llama saved by transformers, with SmolLM2's tokenizer."""
     import shutil
+    from dataclasses import replace
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipelines.llm_model import ModelConfig
+    from pipelines.llm_model import SMOLLM2_135M
 
-    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=128, max_position=512)
+    shape = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "intermediate": 128}
+    cfg = replace(SMOLLM2_135M, **shape, max_position=512)
     torch.manual_seed(0)
     # A wide init spreads the logits: near-ties of an untrained model would make greedy arbitrary.
     reference = LlamaForCausalLM(LlamaConfig(**cfg.to_hf(), initializer_range=0.5)).eval()

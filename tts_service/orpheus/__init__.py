@@ -2,10 +2,12 @@
 
 Modules, each small enough to read in one sitting:
 
-* ``config``    - model shapes (the real 3B and a tiny test config) and HF ``config.json`` I/O;
+* ``config``    - model shapes (the real 3B and a tiny test config), sampling defaults (the class
+  and its ``config.json`` I/O are the shared :mod:`llama` ones);
 * ``tokens``    - token ids <-> SNAC codes with phase checks, prompt building;
 * ``model``     - the Llama forward over a slot-based static KV cache (gpt-fast style);
-* ``sampler``   - per-slot temperature / top-p / repetition penalty on the device;
+* ``sampler``   - per-slot temperature / top-p / repetition penalty on the device (over
+  :mod:`llama.sampler`);
 * ``codec``     - SNAC decoding over sliding windows, batched across streams;
 * ``loader``    - local HF / SNAC checkpoints, ``--random-weights tiny|3b``;
 * ``engine``    - slots, chunked prefill, the batched decode step (CUDA graphs on GPU), ticks;

@@ -1,17 +1,18 @@
-"""Model shapes: the Orpheus 3B backbone, a tiny test config, SNAC configs, HF ``config.json`` I/O.
+"""Model shapes: the Orpheus 3B backbone, a tiny test config, SNAC configs, sampling defaults.
 
 The backbone is Llama-3.2-3B fine-tuned by Canopy Labs; its vocabulary is Llama 3's 128256
-text tokens plus 28682 added tokens (specials and 7 x 4096 audio codes), hence 156940.
+text tokens plus 28682 added tokens (specials and 7 x 4096 audio codes), hence 156940. The
+config class, its ``config.json`` I/O and the sampling options are the shared ones of
+:mod:`llama` (the local LLM reads the same); what is Orpheus's own is here.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 
-
-class ConfigError(ValueError):
-    """A config this engine cannot run; the message says what to change."""
+import llama
+from llama import ConfigError, LlamaConfig  # re-exported: the engine's modules and tests import them here
 
 
 def _llama3_scaling() -> dict:
@@ -24,147 +25,42 @@ def _llama3_scaling() -> dict:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class LlamaConfig:
-    vocab_size: int = 156940
-    dim: int = 3072
-    n_layers: int = 28
-    n_heads: int = 24
-    n_kv_heads: int = 8
-    head_dim: int = 128
-    intermediate: int = 8192
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-    rope_scaling: dict | None = field(default_factory=_llama3_scaling)
-    tie_embeddings: bool = True
-    max_position: int = 131072
-
-    @property
-    def groups(self) -> int:
-        """Query heads per KV head (GQA)."""
-        return self.n_heads // self.n_kv_heads
-
-    def n_params(self) -> int:
-        attn = self.dim * self.head_dim * (self.n_heads * 2 + self.n_kv_heads * 2)
-        mlp = 3 * self.dim * self.intermediate
-        head = 0 if self.tie_embeddings else self.vocab_size * self.dim
-        return self.vocab_size * self.dim + head + self.n_layers * (attn + mlp + 2 * self.dim) + self.dim
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes
-
-    def validate(self) -> None:
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(f"{self.n_heads} attention heads are not a multiple of {self.n_kv_heads} KV heads")
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-        from .tokens import AUDIO_END
-
-        if self.vocab_size < AUDIO_END:
-            raise ConfigError(
-                f"vocab_size {self.vocab_size} has no room for the audio tokens (ids up to {AUDIO_END - 1}); "
-                "this is not an Orpheus checkpoint"
-            )
-
-    # ------------------------------------------------------------------ HF config.json
-    @classmethod
-    def from_hf(cls, cfg: dict) -> LlamaConfig:
-        """Read a transformers ``LlamaConfig`` dict (v4 ``rope_scaling`` or v5 ``rope_parameters``)."""
-        if cfg.get("model_type", "llama") != "llama":
-            raise ConfigError(f"model_type {cfg.get('model_type')!r} is not a Llama model")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (Llama uses silu)")
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise ConfigError("attention_bias / mlp_bias are not supported (Llama 3 has no biases)")
-        try:
-            heads = int(cfg["num_attention_heads"])
-            dim = int(cfg["hidden_size"])
-            rope = cfg.get("rope_parameters") or {}
-            scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-            if scaling is not None:
-                kind = scaling.get("rope_type", scaling.get("type"))
-                if kind != "llama3":
-                    raise ConfigError(f"rope scaling {kind!r} is not supported (only 'llama3')")
-                scaling = {k: scaling[k] for k in _llama3_scaling() if k in scaling}
-            c = cls(
-                vocab_size=int(cfg["vocab_size"]),
-                dim=dim,
-                n_layers=int(cfg["num_hidden_layers"]),
-                n_heads=heads,
-                n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or dim // heads),
-                intermediate=int(cfg["intermediate_size"]),
-                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                rope_scaling=scaling,
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                max_position=int(cfg.get("max_position_embeddings", 131072)),
-            )
-        except KeyError as exc:
-            raise ConfigError(f"config.json lacks {exc.args[0]!r}") from None
-        c.validate()
-        return c
-
-    def to_hf(self) -> dict:
-        out = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.dim,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
-            "tie_word_embeddings": self.tie_embeddings,
-            "max_position_embeddings": self.max_position,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "bos_token_id": 128000,
-            "eos_token_id": 128009,
-            "torch_dtype": "bfloat16",
-        }
-        return out
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """Sampling options of one stream. ``temperature <= 0`` means greedy (tests, reproducible output).
-
-    Defaults are those Orpheus is served with; the repetition penalty keeps speech from looping.
-    """
-
-    temperature: float = 0.6
-    top_p: float = 0.9
-    repetition_penalty: float = 1.1
-
-    @classmethod
-    def greedy(cls) -> Sampling:
-        return cls(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
-
-
-ORPHEUS_3B = LlamaConfig()
+ORPHEUS_3B = LlamaConfig(
+    vocab_size=156940, dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, head_dim=128, intermediate=8192,
+    rope_theta=500000.0, rope_scaling=_llama3_scaling(), tie_embeddings=True, max_position=131072,
+)
 
 # Small enough that a CPU step takes milliseconds, but every code path of the 3B model is used:
 # GQA with 2 query heads per KV head, llama3 rope scaling, tied head, the full vocabulary (the
 # audio ids live at 128266+, so the vocabulary cannot shrink).
-TINY = LlamaConfig(
-    dim=64,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=16,
-    intermediate=128,
-)
+TINY = replace(ORPHEUS_3B, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=128)
 
 PRESETS = {"3b": ORPHEUS_3B, "tiny": TINY}
+
+# What Orpheus's config.json says beyond the shapes (Llama 3's text tokens and the checkpoint's dtype).
+HF_EXTRAS = {"bos_token_id": 128000, "eos_token_id": 128009, "torch_dtype": "bfloat16"}
+
+
+def validate(cfg: LlamaConfig) -> None:
+    """:meth:`LlamaConfig.validate`, and room in the vocabulary for the audio ids."""
+    cfg.validate()
+    from .tokens import AUDIO_END
+
+    if cfg.vocab_size < AUDIO_END:
+        raise ConfigError(
+            f"vocab_size {cfg.vocab_size} has no room for the audio tokens (ids up to {AUDIO_END - 1}); "
+            "this is not an Orpheus checkpoint"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling(llama.Sampling):
+    """:class:`llama.Sampling` with the defaults Orpheus is served with.
+
+    The temperature is Orpheus's own; the repetition penalty keeps speech from looping.
+    """
+
+    temperature: float = 0.6
 
 
 # ---------------------------------------------------------------------- SNAC

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import PRESETS, SNAC_PRESETS, ConfigError, LlamaConfig, check_snac_config
+from .config import HF_EXTRAS, PRESETS, SNAC_PRESETS, ConfigError, LlamaConfig, check_snac_config, validate
 from .model import Transformer
 from .tokens import HashTokenizer, HFTokenizer
 
@@ -133,7 +133,7 @@ def save_llama(model: Transformer, directory: str | Path) -> Path:
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2))
+    (d / "config.json").write_text(json.dumps({**model.cfg.to_hf(), **HF_EXTRAS}, indent=2))
     save_file(_ours_to_hf(model), str(d / "model.safetensors"), metadata={"format": "pt"})
     return d
 
@@ -150,6 +150,7 @@ def load_llama(directory: str | Path, *, device="cpu", dtype="bf16") -> Transfor
         raise CheckpointError(f"{d} has no config.json: point --model-path at the folder holding the HF checkpoint")
     try:
         cfg = LlamaConfig.from_hf(json.loads(cfg_path.read_text()))
+        validate(cfg)
     except (ConfigError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{cfg_path}: {exc}") from None
     files = sorted(d.glob("*.safetensors"))

@@ -14,42 +14,21 @@ the number of live streams; idle rows inside ``[0, n)`` compute garbage that nob
 Attention folds GQA into the query length - q [B, H, T, D] becomes [B, KV, G*T, D] - so each KV
 head is read once for its G query heads, with any SDPA backend and no ``repeat_interleave``.
 
-Layouts follow HF transformers (rotate-half RoPE on the checkpoint's own q/k layout); q/k/v and
-gate/up are fused into one matmul each, the loader concatenates the checkpoint's matrices.
+Layouts follow HF transformers (rotate-half RoPE on the checkpoint's own q/k layout, tables from
+:mod:`llama.rope`); q/k/v and gate/up are fused into one matmul each, the loader concatenates the
+checkpoint's matrices.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import LlamaConfig
+from llama.rope import angles, rotate_half
+
+from .config import LlamaConfig, validate
 from .tokens import AUDIO_END, END_OF_SPEECH
-
-
-def rope_inv_freq(cfg: LlamaConfig) -> Tensor:
-    """Inverse frequencies [head_dim/2], with Llama 3's long-context rescaling when configured."""
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    s = cfg.rope_scaling
-    if not s:
-        return inv.float()
-    factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-    old = float(s["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old / lo, inv / factor, inv)
-    smooth = (old / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
-    return torch.where(medium, smoothed, scaled).float()
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -158,7 +137,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        cfg.validate()
+        validate(cfg)
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -190,8 +169,7 @@ class Transformer(nn.Module):
             layer.attention.cache = KVCache(
                 max_slots, self.cfg.n_kv_heads, max_len, self.cfg.head_dim, p.dtype, p.device
             )
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), rope_inv_freq(self.cfg))  # [L, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1).to(p.device)  # [L, hd]
+        emb = angles(self.cfg, max_len).to(p.device)  # [L, hd]
         self.cos = emb.cos().to(p.dtype)
         self.sin = emb.sin().to(p.dtype)
 

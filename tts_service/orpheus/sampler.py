@@ -8,12 +8,16 @@ values instead of 156940 per row, and lets the head compute only the audio rows.
 Repetition penalty (HF semantics: positive logits divided, negative multiplied) applies to ids
 already in the slot's prompt or output; with the candidates restricted to audio ids, only the
 slot's own earlier audio tokens can be among them, so presence is tracked over the audio window.
+The penalty, top-p and the draw are the shared ones of :mod:`llama.sampler` (the local LLM's
+too); the candidates, the stop rule and the per-row greedy pick are this engine's.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from llama.sampler import penalize, top_p_draw
 
 from .config import Sampling
 from .tokens import AUDIO_BASE, AUDIO_END, CODEBOOK, END_OF_SPEECH, FRAME
@@ -47,21 +51,14 @@ def sample(
     """
     phase = gen % FRAME
     idx = candidate_index(phase)  # [n, 4097]
-    lg = logits.gather(1, idx).float()
-    seen = presence.gather(1, idx)
-    pen = penalty.unsqueeze(1)
-    lg = torch.where(seen, torch.where(lg > 0, lg / pen, lg * pen), lg)
+    lg = penalize(logits.gather(1, idx).float(), presence.gather(1, idx), penalty.unsqueeze(1))
     # The stop token only where a frame would start: a cut frame has no audio.
     stop_ok = (phase == 0).unsqueeze(1)
     lg = torch.cat([torch.where(stop_ok, lg[:, :1], torch.full_like(lg[:, :1], float("-inf"))), lg[:, 1:]], dim=1)
     greedy = lg.argmax(dim=1)
-    # Top-p over the sorted distribution; the exponential race samples without a host sync.
-    probs = torch.softmax(lg / temperature.clamp_min(1e-5).unsqueeze(1), dim=1)
-    sp, si = probs.sort(dim=1, descending=True)
-    drop = (sp.cumsum(dim=1) - sp) > top_p.unsqueeze(1)  # keeps at least the top candidate
-    sp = sp.masked_fill(drop, 0.0)
-    race = sp / torch.empty_like(sp).exponential_(1.0)
-    sampled = si.gather(1, race.argmax(dim=1, keepdim=True)).squeeze(1)
+    # Both branches for every row, picked per row: no host sync. The clamp keeps greedy rows' unused draw finite.
+    t, p = temperature.clamp_min(1e-5).unsqueeze(1), top_p.unsqueeze(1)
+    sampled = top_p_draw(lg, t, p, keep_boundary=True)
     c = torch.where(temperature <= 0, greedy, sampled)
     audio_id = AUDIO_BASE + phase * CODEBOOK + (c - 1)
     return torch.where(c == 0, torch.full_like(c, END_OF_SPEECH), audio_id)
