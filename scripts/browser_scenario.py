@@ -1,8 +1,8 @@
 """The browser scenario N times each way: figures at the page, the server's stages beside them.
 
 The demo (``python -m pipelines.pipecat_agent``, started once) and headless Chromium with the
-fake-microphone file of ``tests/browser`` (silence; speech over the greeting; silence; a
-question), ``--runs`` sessions with headphones (echo cancellation off) and ``--runs`` with the
+browser test's fake-microphone file (``support.browser.harness``: silence; speech over the
+greeting; silence; a question), ``--runs`` sessions with headphones (echo cancellation off) and ``--runs`` with the
 browser's echo cancellation on. Each session gives one barge-in (over the greeting) and two
 replies (to the barge-in, to the question). Printed and written as JSON:
 
