@@ -5,64 +5,34 @@ Drop-in for any Pipecat pipeline (``examples/pipecat_tts.py``)::
     tts = StreamvoxTTSService(url="ws://127.0.0.1:8765/v1/stream")
     pipeline = Pipeline([transport.input(), stt, user_agg, llm, tts, transport.output(), assistant_agg])
 
-What it does differently from Pipecat's stock WebSocket TTS services, and why:
+Why it differs from Pipecat's stock WebSocket TTS services:
 
-* **One persistent connection.** ``InterruptibleTTSService`` drops and re-opens its socket on every
-  interruption, which puts a TCP + WebSocket (+ TLS) handshake in front of the next turn's first
-  byte. Here an interruption is a protocol ``cancel`` on the same socket; the socket is replaced
-  only when it really fails (the receive loop ends, a send fails, or a cancel is never
-  acknowledged), through ``WebsocketService``'s reconnect with exponential backoff.
-* **Replicas.** ``url`` may be a list of replicas (or, with ``discover=True``, one DNS name with an
-  address per replica). A connection goes to the less loaded of two (their ``/readyz``); one that
-  refuses or does not answer is backed off; a turn whose start is refused for lack of room
-  (``overloaded``/``draining``: nothing was spoken) is opened again on another replica with the
-  text it had. When the server announces its drain, the turn in
-  progress plays to its end and the socket is replaced *between turns* by one on another replica
-  (without ending the receive loop, so Pipecat's quick-failure tracking never sees a drop). A
-  socket that dies mid-turn ends that turn with an ``ErrorFrame`` (its audio is never replayed);
-  ``WebsocketService``'s reconnect then places the next connection elsewhere.
-* **Tokens in, segmentation on the server.** ``TextAggregationMode.TOKEN``: every LLM token is sent
-  as it arrives; the server segments and starts audio after the first clause. Each Pipecat audio
-  context (one LLM turn, or one ``TTSSpeakFrame``) is one protocol context, ended with ``end`` by
-  ``flush_audio`` at the end of the turn.
-* **One protocol session.** Contexts, the stream->context gate and acks are the shared, I/O-free
-  ``tts_service.session.ClientSession`` (one per connection), as in ``TTSClient`` and the bench.
+* **One persistent connection.** ``InterruptibleTTSService`` re-opens its socket on every
+  interruption, putting a handshake in front of the next turn's first byte. Here an interruption
+  is a protocol ``cancel`` on the same socket, which is replaced only when it fails (the receive
+  loop ends, a send fails, or a cancel is never acknowledged).
+* **A thin transport.** The protocol state is ``tts_service.session.ClientSession`` (one per
+  connection) and the connection policy - replica placement, a start refused with
+  ``overloaded``/``draining`` re-opened elsewhere with the text it had, the cancel-ack deadline,
+  back-off, leaving a draining replica *between turns* - is ``tts_service.driver.ClientDriver``,
+  both shared with ``TTSClient``; this module owns the socket and the tasks and maps the events
+  onto Pipecat frames. A socket that dies mid-turn ends that turn with an ``ErrorFrame``; its
+  audio is never replayed.
+* **Tokens in, segmentation on the server** (``TextAggregationMode.TOKEN``); one Pipecat audio
+  context is one protocol context, ended by ``flush_audio``.
 * **Cancel without delay, ack in the background.** ``on_audio_context_interrupted`` runs before the
-  ``InterruptionFrame`` continues to the output transport, so it must not wait for a round trip.
-  It gates the context at once (every later frame of it is dropped here and counted in
-  ``stats.frames_dropped``), and a background task sends ``cancel`` and waits for ``cancelled``.
-  No ack within ``cancel_ack_timeout_s`` means the connection can no longer be trusted: it is
-  logged, aborted and re-established.
-* **Only spoken words reach the context.** The server's word timings go to ``add_word_timestamps``
-  with ``push_text_frames=False``, so ``TTSTextFrame``\\ s carry presentation times and the output
-  transport releases each word when its audio plays. After a barge-in the assistant message
-  holds what the caller heard, not the whole sentence that was queued. Word times are corrected
-  for delivery gaps (a lagging server or link), which would otherwise let words run ahead of
-  their audio.
-* **Metrics.** TTFB is measured for every context (pass ``PipelineParams(enable_metrics=True,
-  report_only_initial_ttfb=False)``), the measurement of an interrupted context that never
-  produced audio is abandoned rather than reported; usage metrics per turn. ``stats`` holds
-  connection, cancel, ack-latency and dropped-frame counts.
-* **Format negotiated per context.** Pipecat frames carry 16-bit PCM, so the service always asks
-  for ``pcm_s16le``, at the pipeline's output rate when the server offers it (8/16/24/48 kHz and
-  22.05/44.1 kHz, so 8 kHz for phone transports, 16-48 kHz for WebRTC) and at the voice's native
-  rate otherwise; the rate the server confirms in ``started`` is checked and resampled here if it
-  differs. (The Twilio serializer makes mu-law itself; asking the server for mu-law would only
-  move the codec.)
+  ``InterruptionFrame`` reaches the output transport, so it only gates the context (later frames
+  are dropped and counted) and a background task waits for the ack.
+* **Only spoken words reach the context.** Word timings go to ``add_word_timestamps`` as their
+  audio arrives, shifted by any delivery lag, so after a barge-in the assistant message holds what
+  the caller heard.
+* **PCM at the pipeline's rate** when the server offers it, resampled here otherwise (the Twilio
+  serializer makes mu-law itself).
 
-**Jitter buffer: deliberately not used here.** ``agent.jitter.AdaptiveJitterBuffer`` is for a
-sink that *pulls* audio at a fixed rate with no queue of its own (a sound-card callback, a LiveKit
-``AudioSource`` with a short queue, ``agent.playback``): there a late frame is an audible gap and
-a few tens of ms of priming prevent it. Pipecat's output transport is not such a sink: it queues
-every audio frame it is given and writes it out on the real-time clock, and the server paces each
-context a bounded lead (``--lead-ms``, default 400 ms) ahead of that clock, so arrival jitter
-below the lead is already absorbed by the transport's own queue. A buffer in front of it would
-add its priming depth to every first byte and give an interruption one more place to flush. The
-gaps that remain come from a server that falls behind real time (an overloaded CPU: on a shared
-2-core box the tests see 0.2-0.5 s); a client buffer cannot hide a sustained deficit without
-delaying the whole reply by it. The service measures them (``stats.max_lag_s``) and re-times the
-words so that the context stays true. Use the jitter buffer in front of a pull-based sink, or
-here only for a link whose jitter exceeds the server's lead (better: raise the lead).
+No jitter buffer: Pipecat's output transport queues what it is given and plays it on the
+real-time clock, and the server paces a bounded lead ahead of that clock, so a buffer would only
+add its priming depth to every first byte. A server that falls behind real time cannot be hidden
+by a client buffer; ``stats.max_lag_s`` measures it. Measured figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -83,7 +53,8 @@ from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSServic
 from websockets.protocol import State
 
 from tts_service import protocol as P
-from tts_service.client import Replica, ReplicaSet
+from tts_service.client import Replica, wait_for_ack
+from tts_service.driver import RENAMED, ClientDriver, ConnectionSettings, StreamvoxStats, renamed_settings
 from tts_service.session import (
     Acked,
     ClientSession,
@@ -100,28 +71,6 @@ from tts_service.session import (
 __all__ = ["StreamvoxStats", "StreamvoxTTSService"]
 
 DEFAULT_URL = f"ws://127.0.0.1:{P.DEFAULT_PORT}{P.WS_PATH}"
-
-
-@dataclass
-class StreamvoxStats:
-    """Counters of one service instance (all since construction)."""
-
-    connections: int = 0  # successful handshakes; 1 means the socket was never replaced
-    contexts: int = 0  # protocol contexts opened
-    cancels: int = 0  # cancels sent
-    cancel_acks: int = 0
-    cancel_ack_timeouts: int = 0  # each one replaced the connection
-    frames_dropped: int = 0  # frames that arrived for a cancelled or unknown context, discarded here
-    frames_dropped_server: int = 0  # frames the server computed but never sent (from the acks)
-    cancel_ack_latency_s: list[float] = field(default_factory=list)
-    max_lag_s: float = 0.0  # worst delivery lag behind a real-time player (playout gaps), any context
-    drains: int = 0  # connections replaced between turns because their replica drained
-    contexts_lost: int = 0  # contexts cut by a lost connection (ended with an error, never replayed)
-    contexts_moved: int = 0  # starts refused (full/draining) and opened again on another replica
-
-    @property
-    def reconnects(self) -> int:
-        return max(0, self.connections - 1)
 
 
 @dataclass(eq=False)
@@ -158,7 +107,7 @@ class StreamvoxTTSService(WebsocketTTSService):
         pace: bool = True,
         cancel_ack_timeout_s: float = 1.0,
         connect_timeout_s: float = 5.0,
-        reconnect_backoff_min_s: float = 0.2,
+        reconnect_backoff_s: float = 0.2,
         reconnect_backoff_max_s: float = 5.0,
         discover: bool = False,
         resolver=None,
@@ -180,13 +129,28 @@ class StreamvoxTTSService(WebsocketTTSService):
             cancel_ack_timeout_s: how long a cancel may go unacknowledged before the connection
                 is replaced.
             connect_timeout_s: bound on the handshake plus the server's ``ready``.
-            reconnect_backoff_min_s, reconnect_backoff_max_s: backoff between failed reconnects
-                (and a failed replica's back-off).
+            reconnect_backoff_s, reconnect_backoff_max_s: backoff between failed reconnects,
+                doubling from the first to the second (and a failed replica's back-off). The
+                setting names are those of every streamvox client; ``reconnect_backoff_min_s``
+                (the earlier name) still works, with a DeprecationWarning.
             discover: ``url``'s host name has one address per replica (a headless Service).
             resolver: ``async (host, port) -> [address, ...]`` instead of the system resolver.
             settings: Pipecat TTS settings (``voice`` is used; ``model``/``language`` are not).
             **kwargs: passed to ``WebsocketTTSService`` / ``TTSService``.
         """
+        renamed = {k: kwargs.pop(k) for k in list(kwargs) if k in RENAMED}
+        settings_s = ConnectionSettings(
+            **renamed_settings(
+                "StreamvoxTTSService",
+                renamed,
+                {
+                    "cancel_ack_timeout_s": cancel_ack_timeout_s,
+                    "connect_timeout_s": connect_timeout_s,
+                    "reconnect_backoff_s": reconnect_backoff_s,
+                    "reconnect_backoff_max_s": reconnect_backoff_max_s,
+                },
+            )
+        )
         base = TTSSettings(model=None, voice=voice, language=None)
         if settings is not None:
             base.apply_update(settings)
@@ -199,22 +163,16 @@ class StreamvoxTTSService(WebsocketTTSService):
             settings=base,
             **kwargs,
         )
-        self._replicas = ReplicaSet(
-            url,
-            discover=discover,
-            resolver=resolver,
-            backoff_s=reconnect_backoff_min_s,
-            max_backoff_s=reconnect_backoff_max_s,
-        )
+        # The connection policy and the stats; this class is the transport that acts on them.
+        self._driver = ClientDriver.for_urls(url, settings_s, discover=discover, resolver=resolver)
+        self._replicas = self._driver.replicas
         self._url = url if isinstance(url, str) else self._replicas.label  # for messages
         self._api_key = api_key
         self._pace = pace
-        self._cancel_ack_timeout_s = cancel_ack_timeout_s
-        self._connect_timeout_s = connect_timeout_s
-        # WebsocketService defaults (4-10 s) suit cloud rate limits, not a co-located server.
-        self._reconnect_backoff_min_wait = reconnect_backoff_min_s
-        self._reconnect_backoff_max_wait = reconnect_backoff_max_s
-        self.stats = StreamvoxStats()
+        # WebsocketService's own defaults (seconds) suit cloud rate limits, not a co-located server.
+        self._reconnect_backoff_min_wait = settings_s.reconnect_backoff_s
+        self._reconnect_backoff_max_wait = settings_s.reconnect_backoff_max_s
+        self.stats: StreamvoxStats = self._driver.stats
         self.server_info: dict[str, Any] = {}
         self._request_rate: int | None = None
         self._session = ClientSession()  # the protocol state of the current connection
@@ -223,13 +181,16 @@ class StreamvoxTTSService(WebsocketTTSService):
         self._acks: dict[str, asyncio.Future] = {}
         self._ack_tasks: set[asyncio.Task] = set()
         self._receive_task: asyncio.Task | None = None
-        # On-demand connects (from run_tts) back off too, so a dead server is not dialled per token.
-        self._connect_failures = 0
-        self._next_connect_at = 0.0
+        self._condemned: Any = None  # the socket aborted for a missing ack (not a replica failure)
         self._unspoken_context: str | None = None  # the context already told "not connected"
 
     def can_generate_metrics(self) -> bool:
         return True
+
+    @property
+    def _connect_failures(self) -> int:
+        """Consecutive failed connects (the driver's count; on-demand connects back off by it)."""
+        return self._driver.connect_failures
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -262,25 +223,23 @@ class StreamvoxTTSService(WebsocketTTSService):
         """Open a socket on the best replica that answers (``ready`` checked)."""
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession()
-        order = await self._replicas.choose(self._http)
-        if not order:  # every replica is backed off: the one that comes back first
-            order = sorted(self._replicas.replicas, key=lambda r: r.down_until)[:1]
+        order = self._driver.candidates(await self._replicas.choose(self._http))
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         last: Exception | None = None
         for replica in order:
             ws = None
             try:
                 ws = await self._websocket_connect(
-                    replica.url, additional_headers=headers, open_timeout=self._connect_timeout_s
+                    replica.url, additional_headers=headers, open_timeout=self._driver.settings.connect_timeout_s
                 )
-                info = check_ready(await asyncio.wait_for(ws.recv(), self._connect_timeout_s))
+                info = check_ready(await asyncio.wait_for(ws.recv(), self._driver.settings.connect_timeout_s))
             except Exception as exc:
                 if ws is not None:
                     await ws.close()
                 last = exc
-                self._replicas.mark_failed(replica, str(exc))
+                self._driver.dial_failed(replica, str(exc), time.monotonic())
                 continue
-            self._replicas.mark_ok(replica)
+            self._driver.dialled(replica)
             return ws, info, replica
         raise last or ConnectionError("no replica to connect to")
 
@@ -291,9 +250,7 @@ class StreamvoxTTSService(WebsocketTTSService):
         try:
             ws, info, replica = await self._dial()
         except Exception as exc:
-            self._connect_failures += 1
-            backoff = self._reconnect_backoff_min_wait * 2 ** (self._connect_failures - 1)
-            self._next_connect_at = time.monotonic() + min(self._reconnect_backoff_max_wait, backoff)
+            self._driver.placement_failed(time.monotonic())  # on-demand connects wait it out
             # No secrets in the message: the URL carries none (the key travels in a header).
             await self.push_error(error_msg=f"cannot connect to streamvox at {self._url}: {exc}", exception=exc)
             if self._open_socket() is None:
@@ -301,10 +258,8 @@ class StreamvoxTTSService(WebsocketTTSService):
             await self._call_event_handler("on_connection_error", f"{exc}")
             return
         await self._end_lost_contexts(self._new_session(info), "connection replaced")
-        self._connect_failures = 0
         self._websocket, self._replica = ws, replica
         self.server_info = info
-        self.stats.connections += 1
         logger.debug(f"{self} connected to {replica.url} (connection {self.stats.connections})")
         await self._call_event_handler("on_connected")
 
@@ -346,10 +301,12 @@ class StreamvoxTTSService(WebsocketTTSService):
             await self.append_to_audio_context(s.context_id, TTSStoppedFrame(context_id=s.context_id))
             await self.remove_audio_context(s.context_id)
 
-    async def _switch_replica(self, why: str) -> None:
-        """Between turns: replace the connection (its replica drains) by one on another replica."""
+    async def _switch_replica(self, why: str, *, drained: bool = True) -> None:
+        """Between turns: replace the connection (its replica drains, or refused a start) by one on
+        another replica."""
         old = self._websocket
-        self.stats.drains += 1
+        if drained:
+            self._driver.left()
         logger.info(f"{self} {why}: moving to another replica between turns")
         await self._connect_websocket(replace=True)
         if old is not None and self._websocket is not old:
@@ -364,10 +321,10 @@ class StreamvoxTTSService(WebsocketTTSService):
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
         """Send one token (or sentence) of ``context_id``; its audio arrives on the receive task."""
         s = self._session.get(context_id)
-        if s is None and self._session.draining and not self._session.open_contexts:
+        if s is None and self._driver.leave_now(self._session):
             await self._switch_replica("the replica is draining")  # a new turn: never mid-context
         ws = self._open_socket()
-        if ws is None and time.monotonic() >= self._next_connect_at:
+        if ws is None and self._driver.may_connect(time.monotonic()):
             await self._connect()
             ws = self._open_socket()
         if ws is None:
@@ -431,7 +388,7 @@ class StreamvoxTTSService(WebsocketTTSService):
         if s is not None:
             message = self._session.cancel(s)  # gates it; None when a cancel is already on its way
             if message is not None:
-                self.stats.cancels += 1
+                self._driver.cancel_sent(context_id, time.monotonic())
                 task = self.create_task(self._cancel_and_track(s, message), f"streamvox-cancel-{context_id}")
                 self._ack_tasks.add(task)
                 task.add_done_callback(self._ack_tasks.discard)
@@ -440,35 +397,27 @@ class StreamvoxTTSService(WebsocketTTSService):
     async def _cancel_and_track(self, s: SessionContext, message: str) -> None:
         ws = self._open_socket()
         if ws is None:
+            self._driver.cancel_abandoned(s.context_id)
             return  # the connection is gone, and with it the context
-        t0 = time.monotonic()
         fut = self._acks[s.context_id] = asyncio.get_running_loop().create_future()
         try:
             await ws.send(message)
-            ack: Acked = await asyncio.wait_for(fut, self._cancel_ack_timeout_s)
+            await wait_for_ack(self._driver, s.context_id, fut)  # counted and logged as it arrives
         except TimeoutError:
-            self.stats.cancel_ack_timeouts += 1
             logger.warning(
-                f"{self} cancel of {s.context_id} not acknowledged within {self._cancel_ack_timeout_s:.1f} s:"
-                " replacing the connection"
+                f"{self} cancel of {s.context_id} not acknowledged within"
+                f" {self._driver.settings.cancel_ack_timeout_s:.1f} s: replacing the connection"
             )
             self._acks.pop(s.context_id, None)
             if self._websocket is ws:
                 # Abort rather than close: a peer that ignores a cancel may ignore a close too.
                 # The receive loop then ends with an error and WebsocketService reconnects.
+                self._condemned = ws
                 ws.transport.abort()
             return
         except Exception as exc:  # send failed or the connection was replaced meanwhile
+            self._driver.cancel_abandoned(s.context_id)
             logger.debug(f"{self} cancel of {s.context_id} not tracked: {exc}")
-            return
-        latency = time.monotonic() - t0
-        self.stats.cancel_acks += 1
-        self.stats.cancel_ack_latency_s.append(latency)
-        self.stats.frames_dropped_server += ack.frames_dropped
-        logger.debug(
-            f"{self} cancel of {s.context_id} acknowledged in {1000 * latency:.1f} ms "
-            f"({ack.frames_dropped} frames never sent, {s.dropped} dropped here)"
-        )
 
     # ------------------------------------------------------------------ audio and events out
 
@@ -478,13 +427,17 @@ class StreamvoxTTSService(WebsocketTTSService):
             ws = self._websocket
             if ws is None:
                 raise ConnectionError(f"{self} not connected")
-            async for message in ws:
-                if isinstance(message, bytes):
-                    await self._on_audio(message)
-                else:
-                    await self._on_message(P.parse_server_message(message))
-                if self._websocket is not ws:
-                    break  # replaced (the replica drains): go on with the new connection
+            try:
+                async for message in ws:
+                    if isinstance(message, bytes):
+                        await self._on_audio(message)
+                    else:
+                        await self._on_message(P.parse_server_message(message))
+                    if self._websocket is not ws:
+                        break  # replaced (the replica drains): go on with the new connection
+            except Exception as exc:
+                self._died(ws, f"{type(exc).__name__}: {exc}")
+                raise
             if self._websocket is not ws and self._open_socket() is not None:
                 continue
             if self._session.draining and not self._disconnecting:
@@ -493,7 +446,17 @@ class StreamvoxTTSService(WebsocketTTSService):
                 await self._switch_replica("the draining replica closed the connection")
                 if self._websocket is not ws and self._open_socket() is not None:
                     continue
+            self._died(ws, "the server closed the connection")
             return  # closed: WebsocketService's reconnect takes over
+
+    def _died(self, ws: Any, reason: str) -> None:
+        """The current socket ended under us: the driver backs its replica off (unless we aborted
+        it ourselves for a missing ack), so WebsocketService's reconnect goes elsewhere."""
+        if ws is self._websocket and self._replica is not None and not self._disconnecting:
+            self._driver.lost(
+                self._replica, reason, retired=ws is self._condemned or self._session.draining, contexts=0,
+                now=time.monotonic(),
+            )
 
     async def _on_audio(self, data: bytes) -> None:
         ev = self._session.receive_audio(data)
@@ -556,6 +519,12 @@ class StreamvoxTTSService(WebsocketTTSService):
                 await self.remove_audio_context(s.context_id)
             await self._after_finish()
         elif isinstance(ev, Acked):
+            latency = self._driver.acked(ev.context_id, time.monotonic(), ev.frames_dropped)
+            if latency is not None:
+                logger.debug(
+                    f"{self} cancel of {ev.context_id} acknowledged in {1000 * latency:.1f} ms "
+                    f"({ev.frames_dropped} frames never sent, {ev.ctx.dropped if ev.ctx else 0} dropped here)"
+                )
             fut = self._acks.pop(ev.context_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(ev)
@@ -565,14 +534,14 @@ class StreamvoxTTSService(WebsocketTTSService):
             await self._after_finish()
         elif isinstance(ev, Draining):
             if self._replica is not None:
-                self._replicas.mark_failed(self._replica, "draining", retry_after_s=self._reconnect_backoff_max_wait)
+                self._driver.draining(self._replica, time.monotonic())
             await self._after_finish()
         elif isinstance(ev, Unknown) and not ev.stray:
             logger.warning(f"{self} unknown server message type {ev.msg.get('type')!r}: {str(ev.msg)[:200]}")
 
     async def _after_finish(self) -> None:
         """A draining connection is replaced as soon as its last context has finished."""
-        if self._session.draining and not self._session.open_contexts and not self._disconnecting:
+        if self._driver.leave_now(self._session) and not self._disconnecting:
             await self._switch_replica("the replica is draining")
 
     async def _move_refused(self, ev: Failed) -> bool:
@@ -582,17 +551,19 @@ class StreamvoxTTSService(WebsocketTTSService):
         ctx: _Context | None = s.owner if s is not None else None
         if (
             ctx is None
+            or self._replica is None
             or not ev.retry_elsewhere
-            or ctx.unconfirmed is None
+            or ctx.unconfirmed is None  # already admitted: something may have been spoken
             or s.gated
-            or ctx.moves + 1 >= len(self._replicas.replicas)
             or self._session.open_contexts  # other live turns keep this connection
         ):
             return False
-        if self._replica is not None:
-            retry_s = (ev.retry_after_ms or 1000) / 1000
-            self._replicas.mark_failed(self._replica, ev.code, retry_after_s=retry_s)
-        await self._switch_replica(f"start refused ({ev.code})")
+        refusal = self._driver.refused(
+            self._replica, ev.code, ev.retry_after_ms, tries=ctx.moves + 1, now=time.monotonic()
+        )
+        if not refusal.retry_elsewhere:
+            return False
+        await self._switch_replica(f"start refused ({ev.code})", drained=False)
         ws = self._open_socket()
         if ws is None or self._session.get(s.context_id) is not None:
             return False
@@ -605,7 +576,7 @@ class StreamvoxTTSService(WebsocketTTSService):
             logger.warning(f"{self} re-opening {s.context_id} on another replica failed: {exc}")
             return False
         moved.ended = s.ended
-        self.stats.contexts_moved += 1
+        self._driver.moved()
         return True
 
     async def _on_error(self, ev: Failed) -> None:

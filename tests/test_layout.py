@@ -24,9 +24,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = ("pipecat", "livekit")
-# what the agent side may use of the server package: the wire format, the client and its
+# what the agent side may use of the server package: the wire format, the client, its driver and
 # session, and the helpers that start a local server
-AGENT_MAY_USE = ("tts_service.protocol", "tts_service.client", "tts_service.session", "tts_service.localproc")
+AGENT_MAY_USE = (
+    "tts_service.protocol",
+    "tts_service.client",
+    "tts_service.driver",
+    "tts_service.session",
+    "tts_service.localproc",
+)
 ENGINES = ("tts_service.piper", "tts_service.orpheus")  # engine packages beside tts_service/core
 PUBLIC_API = ("tts_service.client", "tts_service.protocol", "agent.pipecat", "agent.livekit", "agent.webrtc_uplink")
 
