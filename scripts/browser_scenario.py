@@ -3,8 +3,8 @@
 The demo (``python -m pipelines.pipecat_agent``, started once) and headless Chromium with the
 browser test's fake-microphone file (``support.browser.harness``: silence; speech over the
 greeting; silence; a question), ``--runs`` sessions with headphones (echo cancellation off) and
-``--runs`` with the browser's echo cancellation on. Each session gives one barge-in (over the greeting) and two
-replies (to the barge-in, to the question). Printed and written as JSON:
+``--runs`` with the browser's echo cancellation on. Each session gives one barge-in (over the
+greeting) and two replies (to the barge-in, to the question). Printed and written as JSON:
 
 * at the page: voice-to-voice (end of the caller's speech -> first bot audio), barge-in yield
   (onset -> bot 20 dB quieter) and silence (onset -> bot audio gone), median and p95;
