@@ -18,8 +18,8 @@ from aiohttp import web
 
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.localproc import free_port
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.piper.serve import load_piper_engine
 from tts_service.server import Server
 
@@ -51,7 +51,9 @@ async def trial(client: TTSClient) -> float:
 
 
 async def main(abort: bool, trials: int = 12) -> None:
-    synth = Synthesizer(load_piper_engine([], progress=lambda *_: None), options=SchedulerOptions(capacity=1000))
+    synth = PiperSynthesizer(
+        load_piper_engine([], progress=lambda *_: None), options=PiperSchedulerOptions(capacity=1000)
+    )
     if not abort:
         synth._abort_if_orphaned = lambda: None
     runner = web.AppRunner(Server(synth).app)

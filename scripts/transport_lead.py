@@ -23,7 +23,7 @@ import numpy as np
 from agent.simulate import LONG_ANSWER
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.localproc import ServerThread
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.piper.serve import load_piper_engine
 
 
@@ -65,7 +65,9 @@ async def main() -> None:
     ap.add_argument("--rate", type=int, default=24000, help="the demo's output rate")
     ap.add_argument("--lead-ms", type=float, default=80.0, help="YieldGate's lead")
     args = ap.parse_args()
-    server = ServerThread(load_piper_engine([], progress=lambda *_: None), options=SchedulerOptions(capacity=1000.0))
+    server = ServerThread(
+        load_piper_engine([], progress=lambda *_: None), options=PiperSchedulerOptions(capacity=1000.0)
+    )
     url = server.start()
     ungated: list[float] = []
     gated: list[float] = []

@@ -38,8 +38,8 @@ from pipecat.transports.base_transport import TransportParams
 
 from tts_service import protocol as P
 from tts_service.client import TTSClient
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 # Tests open a few contexts at once on a busy 2-core machine: admit regardless of measured load.
@@ -61,9 +61,9 @@ class CountingServer:
 
 
 @contextlib.asynccontextmanager
-async def counting_server(engine, *, options: SchedulerOptions | None = None) -> AsyncIterator[CountingServer]:
-    options = options or SchedulerOptions(capacity=NO_ADMISSION_LIMIT)
-    server = Server(Synthesizer(engine, options=options), ServerConfig())
+async def counting_server(engine, *, options: PiperSchedulerOptions | None = None) -> AsyncIterator[CountingServer]:
+    options = options or PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT)
+    server = Server(PiperSynthesizer(engine, options=options), ServerConfig())
     counting = CountingServer(server, "")
 
     async def count(request: web.Request, _response: web.StreamResponse) -> None:

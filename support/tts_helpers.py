@@ -22,8 +22,8 @@ from aiohttp import web
 from support.wer import edit_distance
 from tts_service import protocol as P
 from tts_service.piper.engine import PiperEngine
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 # Test servers admit streams regardless of the measured real-time factor: on a busy 2-core
@@ -40,7 +40,7 @@ class RunningServer:
     http_url: str
 
     @property
-    def synth(self) -> Synthesizer:
+    def synth(self) -> PiperSynthesizer:
         return self.server.synth
 
 
@@ -49,11 +49,11 @@ async def running_server(
     engine: PiperEngine,
     *,
     config: ServerConfig | None = None,
-    options: SchedulerOptions | None = None,
+    options: PiperSchedulerOptions | None = None,
 ) -> AsyncIterator[RunningServer]:
     """A real server on a free loopback port, torn down on exit."""
-    options = options or SchedulerOptions(capacity=NO_ADMISSION_LIMIT)
-    server = Server(Synthesizer(engine, options=options), config or ServerConfig())
+    options = options or PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT)
+    server = Server(PiperSynthesizer(engine, options=options), config or ServerConfig())
     async with on_loopback(server.app) as (ws_url, http_url):
         yield RunningServer(server, ws_url, http_url)
 

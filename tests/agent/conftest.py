@@ -66,10 +66,12 @@ def tts_server():
     stalls the agent's loop does not stall the server, as with a separate process). Admission
     control is off: on a busy 2-core machine the measured cost can refuse even one stream."""
     from tts_service.localproc import ServerThread
-    from tts_service.piper.scheduler import SchedulerOptions
+    from tts_service.piper.scheduler import PiperSchedulerOptions
     from tts_service.piper.serve import load_piper_engine
 
-    server = ServerThread(load_piper_engine([], progress=lambda *_: None), options=SchedulerOptions(capacity=1000.0))
+    server = ServerThread(
+        load_piper_engine([], progress=lambda *_: None), options=PiperSchedulerOptions(capacity=1000.0)
+    )
     server.start()
     yield server
     server.stop()

@@ -31,8 +31,8 @@ def live_servers() -> Iterator[LiveServers]:
 
     from bench.baseline import BaselineServer, load_voice
     from tts_service import protocol as P
-    from tts_service.piper.runtime import Synthesizer
-    from tts_service.piper.scheduler import SchedulerOptions
+    from tts_service.piper.runtime import PiperSynthesizer
+    from tts_service.piper.scheduler import PiperSchedulerOptions
     from tts_service.piper.serve import load_piper_engine
     from tts_service.server import Server
 
@@ -51,7 +51,7 @@ def live_servers() -> Iterator[LiveServers]:
         return f"ws://{host}:{port}{P.WS_PATH}"
 
     async def start_all() -> LiveServers:
-        streaming = Server(Synthesizer(engine, options=SchedulerOptions(capacity=1000.0)))
+        streaming = Server(PiperSynthesizer(engine, options=PiperSchedulerOptions(capacity=1000.0)))
         return LiveServers(await start(streaming.app), await start(BaselineServer(voice, voice_name=name).app))
 
     thread = threading.Thread(target=loop.run_forever, name="bench-test-servers", daemon=True)

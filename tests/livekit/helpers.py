@@ -28,8 +28,8 @@ from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOpt
 from livekit.agents.voice import Agent, ModelSettings, io
 
 from support.tts_helpers import on_loopback
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 REPLY_TAG = "streamvox.test.reply"
@@ -72,7 +72,9 @@ class RunningServer:
 @contextlib.asynccontextmanager
 async def running_server(engine, *, config: ServerConfig | None = None) -> AsyncIterator[RunningServer]:
     # Admission by measured load is switched off: a busy 2-core test machine must not refuse.
-    server = CountingServer(Synthesizer(engine, options=SchedulerOptions(capacity=1000.0)), config or ServerConfig())
+    server = CountingServer(
+        PiperSynthesizer(engine, options=PiperSchedulerOptions(capacity=1000.0)), config or ServerConfig()
+    )
     async with on_loopback(server.app) as (ws_url, _http_url):
         yield RunningServer(server, ws_url)
 

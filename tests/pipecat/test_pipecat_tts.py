@@ -32,7 +32,7 @@ from agent.pipecat import StreamvoxTTSService
 from support.pipecat_harness import RealtimePlayer, counting_server, llm_reply
 from support.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service.client import TTSClient
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 METRICS = PipelineParams(enable_metrics=True, report_only_initial_ttfb=False)
 
@@ -252,7 +252,7 @@ async def test_replicas_skip_a_dead_one_and_a_drain_moves_between_turns(engine, 
 
 
 async def test_a_start_refused_by_a_full_replica_is_opened_on_another(engine):
-    one_stream = SchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_streams=1)
+    one_stream = PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_streams=1)
     async with counting_server(engine, options=one_stream) as a, counting_server(engine, options=one_stream) as b:
         tts = StreamvoxTTSService(url=[a.ws_url, b.ws_url], sample_rate=16000, pace=False)
         busy: list[TTSClient] = []

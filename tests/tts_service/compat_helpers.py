@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from support.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, on_loopback
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 
@@ -48,7 +48,7 @@ class Counted:
 async def counted_server(engine, config: ServerConfig | None = None) -> AsyncIterator[Counted]:
     """A real server on loopback that counts the requests per path."""
     server = Server(
-        Synthesizer(engine, options=SchedulerOptions(capacity=NO_ADMISSION_LIMIT)), config or ServerConfig()
+        PiperSynthesizer(engine, options=PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT)), config or ServerConfig()
     )
     requests: dict[str, int] = {}
 

@@ -18,7 +18,7 @@ import pytest
 from support.tts_helpers import raw_connection, running_server
 from tts_service import protocol as P
 from tts_service.piper.engine import PiperEngine
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 MAX_SILENCE_S = 0.15
 
@@ -85,7 +85,7 @@ async def _burst(url: str, n: int) -> tuple[int, list[float]]:
 @pytest.fixture
 async def server(engine: PiperEngine):
     """A server with the real admission (capacity from the measured cost), not the suite's unlimited one."""
-    async with running_server(engine, options=SchedulerOptions()) as srv:
+    async with running_server(engine, options=PiperSchedulerOptions()) as srv:
         yield srv
 
 
@@ -111,7 +111,7 @@ async def test_a_burst_of_capacity_plus_three_starts(server) -> None:
 )
 async def test_text_without_flush_or_end_is_spoken(server, text: str, wait_s: float, last_word: str) -> None:
     """A slow LLM that stops after a sentence (or a fragment) and sends nothing more: the words
-    are spoken after the documented wait (SchedulerOptions.sentence_wait_s / fragment_wait_s)."""
+    are spoken after the documented wait (PiperSchedulerOptions.sentence_wait_s / fragment_wait_s)."""
     async with raw_connection(server.ws_url) as conn:
         await conn.send(P.start("s", text=text))
         sent = time.monotonic()

@@ -8,12 +8,12 @@ import pytest
 
 from tts_service.cli import main
 from tts_service.localproc import ServerThread
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 
 @pytest.fixture(scope="module")
 def url(engine):
-    with ServerThread(engine, options=SchedulerOptions(capacity=1000.0)) as server:
+    with ServerThread(engine, options=PiperSchedulerOptions(capacity=1000.0)) as server:
         yield server.url
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from support.tts_helpers import RunningServer, eventually, running_server
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 
 async def test_open_without_waiting_streams_audio(live: RunningServer) -> None:
@@ -50,7 +50,7 @@ async def test_a_cancelled_open_does_not_leave_the_context_on_the_server(live: R
 
 
 async def test_wait_disconnected_reports_a_lost_connection(engine) -> None:
-    async with running_server(engine, options=SchedulerOptions(capacity=1000.0)) as srv:
+    async with running_server(engine, options=PiperSchedulerOptions(capacity=1000.0)) as srv:
         client = TTSClient(srv.ws_url, connect_attempts=1)
         await client.connect()
         waiter = asyncio.create_task(client.wait_disconnected())
@@ -70,7 +70,7 @@ async def test_wait_disconnected_reports_a_lost_connection(engine) -> None:
 
 
 async def test_a_bug_in_the_compute_loop_does_not_silence_the_server(engine) -> None:
-    async with running_server(engine, options=SchedulerOptions(capacity=1000.0)) as srv:
+    async with running_server(engine, options=PiperSchedulerOptions(capacity=1000.0)) as srv:
         sched = srv.synth.scheduler
         real = sched.schedule
         calls = {"n": 0}

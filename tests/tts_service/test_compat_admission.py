@@ -10,7 +10,7 @@ import openai
 
 from support.tts_helpers import NO_ADMISSION_LIMIT, running_server
 from tts_service.client import TTSClient
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 LONG = "Let me walk you through the three options we have for your trip next week, one by one. " * 4
 
@@ -20,7 +20,7 @@ async def _next(ws) -> dict:
 
 
 async def test_a_full_server_refuses_every_api_in_its_own_shape(engine) -> None:
-    options = SchedulerOptions(max_streams=1, capacity=NO_ADMISSION_LIMIT)
+    options = PiperSchedulerOptions(max_streams=1, capacity=NO_ADMISSION_LIMIT)
     async with running_server(engine, options=options) as srv, TTSClient(srv.ws_url) as client:
         busy = await client.open(pace=True)  # the one stream the server admits, on /v1/stream
         await busy.send_text(LONG)

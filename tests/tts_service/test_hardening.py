@@ -28,7 +28,7 @@ from support.tts_helpers import (
 from tts_service import protocol as P
 from tts_service import ws as ws_module
 from tts_service.piper.engine import PiperEngine
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.protocol import CloseCode, ErrorCode, Limits, MsgType
 from tts_service.server import ServerConfig
 
@@ -280,7 +280,7 @@ async def test_a_too_large_http_body_gets_the_json_413(live: RunningServer) -> N
 
 
 async def test_load_in_0_to_1_on_readyz_and_metrics(engine: PiperEngine) -> None:
-    options = SchedulerOptions(max_streams=2, capacity=NO_ADMISSION_LIMIT)
+    options = PiperSchedulerOptions(max_streams=2, capacity=NO_ADMISSION_LIMIT)
     async with (
         running_server(engine, options=options) as srv,
         raw_connection(srv.ws_url) as conn,

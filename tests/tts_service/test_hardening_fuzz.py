@@ -28,7 +28,7 @@ from websockets.sync.client import ClientConnection, connect
 from support.hardening_helpers import strict_json
 from support.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service.localproc import ServerThread
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.protocol import ErrorCode, Limits, MsgType
 from tts_service.server import ServerConfig
 
@@ -46,7 +46,7 @@ JSON = st.recursive(
 
 @pytest.fixture(scope="module")
 def server_thread(engine):
-    options = SchedulerOptions(capacity=NO_ADMISSION_LIMIT)
+    options = PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT)
     with ServerThread(engine, options=options, config=ServerConfig(limits=LIMITS)) as thread:
         yield thread
 

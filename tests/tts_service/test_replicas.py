@@ -23,8 +23,8 @@ from support.tts_helpers import NO_ADMISSION_LIMIT
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError, TTSOverloaded
 from tts_service.localproc import ChildServer, free_port
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.server import Server, ServerConfig
 
 TURN = "Thanks for waiting. Your table for four is booked for eight tonight."  # ~4 s of speech
@@ -38,8 +38,8 @@ async def replicas(engine, hosts: list[str], *, port: int = 0, max_streams: int)
     servers: list[Server] = []
     try:
         for host in hosts:
-            options = SchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_streams=max_streams)
-            server = Server(Synthesizer(engine, options=options), ServerConfig())
+            options = PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_streams=max_streams)
+            server = Server(PiperSynthesizer(engine, options=options), ServerConfig())
             runner = web.AppRunner(server.app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, host, port).start()

@@ -10,8 +10,8 @@ import pytest
 
 from tts_service.core.scheduler import Output
 from tts_service.piper.engine import PiperEngine
-from tts_service.piper.runtime import Synthesizer
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.runtime import PiperSynthesizer
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 
 class ListSink:
@@ -30,7 +30,7 @@ class ListSink:
 
 @pytest.fixture
 async def synth(engine: PiperEngine):
-    synth = Synthesizer(engine, options=SchedulerOptions(capacity=1000.0))
+    synth = PiperSynthesizer(engine, options=PiperSchedulerOptions(capacity=1000.0))
     await synth.start()
     yield synth
     await synth.stop()
@@ -48,7 +48,7 @@ def _count_calls(obj, name: str) -> list[float]:
     return calls
 
 
-async def test_the_runtime_has_no_polling_loop(synth: Synthesizer) -> None:
+async def test_the_runtime_has_no_polling_loop(synth: PiperSynthesizer) -> None:
     """A fixed-interval poll would call schedule() every few ms while a stream is live. Here it is
     called once per batch plus the wake-ups the scheduler asked for (paced work falling due)."""
     schedules = _count_calls(synth.scheduler, "schedule")
@@ -71,7 +71,7 @@ async def test_the_runtime_has_no_polling_loop(synth: Synthesizer) -> None:
     assert len(schedules) < elapsed / 0.02 / 2
 
 
-async def test_each_window_is_delivered_when_computed_startup_first(synth: Synthesizer) -> None:
+async def test_each_window_is_delivered_when_computed_startup_first(synth: PiperSynthesizer) -> None:
     """Two unpaced streams: every batch holds one window, and its audio reaches the sink before
     the next batch starts; the second stream's first window goes before the first stream's rest."""
     batches = _count_calls(synth, "_run")
@@ -97,7 +97,7 @@ async def test_each_window_is_delivered_when_computed_startup_first(synth: Synth
 async def test_two_workers_compute_two_streams_at_once(engine: PiperEngine) -> None:
     """With ``workers=2`` two batches run at the same time (one per stream, never one stream
     twice), and every stream still gets all its audio and its ``done``."""
-    synth = Synthesizer(engine, options=SchedulerOptions(capacity=1000.0, workers=2))
+    synth = PiperSynthesizer(engine, options=PiperSchedulerOptions(capacity=1000.0, workers=2))
     assert synth.workers == 2
     running: list[int] = []
     peak = [0]

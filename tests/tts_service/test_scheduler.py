@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from tts_service.core.scheduler import Output, Overloaded, Status
-from tts_service.piper.engine import HOP, Prepared
-from tts_service.piper.scheduler import Batch, BatchResult, Scheduler, SchedulerOptions
+from tts_service.piper.scheduler import HOP, Batch, BatchResult, PiperScheduler, PiperSchedulerOptions, Prepared
 
 SR = 22050
 FRAMES_PER_WORD = 20  # ~0.23 s of audio per word
@@ -54,7 +53,7 @@ def compute(
     return BatchResult(prepared, audio, seconds)
 
 
-def run_until_idle(sched: Scheduler, now: float, **kw) -> list[Output]:
+def run_until_idle(sched: PiperScheduler, now: float, **kw) -> list[Output]:
     """Compute everything the scheduler allows at ``now``, releasing what is due after each
     batch (as the runtime's release loop does)."""
     out: list[Output] = []
@@ -71,8 +70,8 @@ def of(outputs: list[Output], sid: int, kind: str | None = None) -> list[Output]
     return [o for o in outputs if o.sid == sid and (kind is None or o.kind == kind)]
 
 
-def new(options: SchedulerOptions | None = None) -> Scheduler:
-    return Scheduler(sample_rate=SR, options=options or SchedulerOptions())
+def new(options: PiperSchedulerOptions | None = None) -> PiperScheduler:
+    return PiperScheduler(sample_rate=SR, options=options or PiperSchedulerOptions())
 
 
 # ---------------------------------------------------------------- delivery order
@@ -139,7 +138,7 @@ def test_flush_and_end_cut_buffered_text() -> None:
 
 
 def test_first_audio_has_priority_over_playing_streams() -> None:
-    sched = new(SchedulerOptions(max_jobs=1))
+    sched = new(PiperSchedulerOptions(max_jobs=1))
     sched.add(1, voice="v", pace=False, now=0.0)
     sched.push_text(1, "A long first utterance that keeps going for a while. ", now=0.0)
     for _ in range(2):  # stream 1 is playing
@@ -155,7 +154,7 @@ def test_first_audio_has_priority_over_playing_streams() -> None:
 
 
 def test_windows_of_several_streams_share_a_batch_where_batching_pays() -> None:
-    sched = new(SchedulerOptions(max_jobs=8))  # the runtime's setting on CUDA
+    sched = new(PiperSchedulerOptions(max_jobs=8))  # the runtime's setting on CUDA
     for sid in (1, 2, 3):
         sched.add(sid, voice="v", pace=False, now=0.0)
         sched.push_text(sid, "Hello to all of you. ", now=0.0)
@@ -192,7 +191,7 @@ def test_windows_grow_after_the_first() -> None:
 
 
 def test_paced_stream_stops_at_its_lead_and_resumes_with_the_clock() -> None:
-    opt = SchedulerOptions(lead_s=0.4, compute_lead_s=0.4)
+    opt = PiperSchedulerOptions(lead_s=0.4, compute_lead_s=0.4)
     sched = new(opt)
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)  # ~18 s of audio
@@ -237,7 +236,7 @@ def test_unpaced_stream_runs_ahead() -> None:
 
 
 def test_cancel_between_schedule_and_update_discards_outputs() -> None:
-    sched = new(SchedulerOptions(max_jobs=8))  # a batch of both streams
+    sched = new(PiperSchedulerOptions(max_jobs=8))  # a batch of both streams
     for sid in (1, 2):
         sched.add(sid, voice="v", pace=False, now=0.0)
         sched.push_text(sid, "Some words to say here. And more words after that. ", now=0.0)
@@ -282,7 +281,7 @@ def test_cancel_and_discard_while_in_flight() -> None:
 
 
 def test_cancel_of_a_paced_stream_counts_held_frames() -> None:
-    sched = new(SchedulerOptions(lead_s=0.2))
+    sched = new(PiperSchedulerOptions(lead_s=0.2))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, " ".join(["word"] * 40) + ". ", now=0.0)
     run_until_idle(sched, 0.0)
@@ -329,7 +328,7 @@ def test_engine_failure_ends_the_stream_with_an_error() -> None:
 
 
 def test_admission_by_measured_cost_of_talking_streams() -> None:
-    sched = new(SchedulerOptions(capacity=0.85, talk_idle_s=1.0))
+    sched = new(PiperSchedulerOptions(capacity=0.85, talk_idle_s=1.0))
     sched.startup_cost_s = 0.0  # this test is about the steady cost (start-ups: below)
     sched.cost_per_audio_s = 0.3  # each real-time stream takes 30 % of the worker
     assert sched.capacity_streams() == 2
@@ -353,7 +352,7 @@ def test_admission_by_measured_cost_of_talking_streams() -> None:
 
 
 def test_a_slow_machine_still_serves_one_stream() -> None:
-    sched = new(SchedulerOptions(capacity=0.85))
+    sched = new(PiperSchedulerOptions(capacity=0.85))
     sched.cost_per_audio_s = 2.0  # the machine cannot even keep one stream real time
     sched.admit(0.0)
     sched.add(1, voice="v", pace=True, now=0.0)
@@ -365,7 +364,7 @@ def test_a_slow_machine_still_serves_one_stream() -> None:
 def test_a_burst_of_starts_counts_before_any_text_arrives() -> None:
     """Nine starts in the same instant: the streams just opened count (their text is on its way),
     so admission stops at capacity instead of taking all nine and letting all fall behind."""
-    sched = new(SchedulerOptions(capacity=0.85))
+    sched = new(PiperSchedulerOptions(capacity=0.85))
     sched.cost_per_audio_s = 0.2  # room for four
     sched.startup_cost_s = 0.0
     admitted = 0
@@ -383,7 +382,7 @@ def test_a_burst_is_admitted_while_the_start_ups_fit_in_the_first_window() -> No
     """Every starting stream's front part and first window run before anyone's second window:
     the earliest starter plays its first window (54 frames, 0.63 s) meanwhile, so the start-ups
     queued must fit in it, whatever the steady cost would allow."""
-    sched = new(SchedulerOptions(capacity=0.85, windows=(54, 64)))
+    sched = new(PiperSchedulerOptions(capacity=0.85, windows=(54, 64)))
     sched.cost_per_audio_s = 0.01  # steady state would take 85 streams
     sched.startup_cost_s = 0.1  # but each start-up takes 100 ms of the worker
     for sid in range(1, 6):
@@ -405,7 +404,7 @@ def test_a_burst_is_admitted_while_the_start_ups_fit_in_the_first_window() -> No
 
 
 def test_contexts_idle_without_text_stop_counting_against_admission() -> None:
-    sched = new(SchedulerOptions(capacity=0.85, talk_idle_s=1.0))
+    sched = new(PiperSchedulerOptions(capacity=0.85, talk_idle_s=1.0))
     sched.cost_per_audio_s = 0.3
     for sid in range(1, 6):  # an agent keeps a context open between turns
         sched.admit(1.5 * sid)
@@ -413,7 +412,7 @@ def test_contexts_idle_without_text_stop_counting_against_admission() -> None:
 
 
 def test_admission_max_streams() -> None:
-    sched = new(SchedulerOptions(max_streams=1))
+    sched = new(PiperSchedulerOptions(max_streams=1))
     sched.admit(0.0)
     sched.add(1, voice="v", pace=True, now=0.0)
     with pytest.raises(Overloaded) as info:
@@ -446,7 +445,7 @@ def test_measured_cost_is_learnt_from_batches() -> None:
 
 
 def test_text_without_punctuation_is_cut_at_a_word_after_first_cut_s() -> None:
-    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3))
+    sched = new(PiperSchedulerOptions(first_cut_s=0.4, early_cut_words=3))
     sched.add(1, voice="v", pace=False, now=0.0)
     sched.push_text(1, "I think that the best way to go abo", 0.0)
     assert sched.schedule(0.2) is None  # still waiting for a boundary
@@ -463,7 +462,7 @@ def test_text_without_punctuation_is_cut_at_a_word_after_first_cut_s() -> None:
 
 
 def test_too_few_words_wait_for_more_text_then_for_the_fragment_wait() -> None:
-    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3, fragment_wait_s=0.8))
+    sched = new(PiperSchedulerOptions(first_cut_s=0.4, early_cut_words=3, fragment_wait_s=0.8))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, "Well then", 0.0)
     assert sched.schedule(0.5) is None  # not cut at a word: too few words
@@ -483,7 +482,7 @@ def test_too_few_words_wait_for_more_text_then_for_the_fragment_wait() -> None:
 def test_text_is_never_stranded(text: str, wait_s: float, spoken: list[str]) -> None:
     """No flush, no end, no more text: a sentence is spoken after sentence_wait_s, a fragment
     after fragment_wait_s (the runtime is woken for it by next_work_in)."""
-    sched = new(SchedulerOptions(sentence_wait_s=0.3, fragment_wait_s=0.8))
+    sched = new(PiperSchedulerOptions(sentence_wait_s=0.3, fragment_wait_s=0.8))
     sched.add(1, voice="v", pace=True, now=10.0)
     sched.push_text(1, text, 10.0)
     assert sched.schedule(10.0 + wait_s - 0.01) is None
@@ -495,7 +494,7 @@ def test_text_is_never_stranded(text: str, wait_s: float, spoken: list[str]) -> 
 def test_last_word_of_a_sentence_is_not_stranded() -> None:
     """'Thanks for calling today.': the early cut takes 'Thanks for calling' at first_cut_s;
     'today.' follows sentence_wait_s after the last text."""
-    sched = new(SchedulerOptions(first_cut_s=0.4, sentence_wait_s=0.3))
+    sched = new(PiperSchedulerOptions(first_cut_s=0.4, sentence_wait_s=0.3))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, "Thanks for calling today.", 0.0)
     assert sched.next_work_in(0.0) == pytest.approx(0.3)
@@ -508,7 +507,7 @@ def test_last_word_of_a_sentence_is_not_stranded() -> None:
 
 def test_an_uncuttable_text_does_not_keep_the_runtime_awake() -> None:
     """A word cut that finds nothing to cut must not leave a deadline of 0 (a busy loop)."""
-    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3, fragment_wait_s=0.8))
+    sched = new(PiperSchedulerOptions(first_cut_s=0.4, early_cut_words=3, fragment_wait_s=0.8))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, "the of the", 0.0)  # only function words: nowhere to cut
     assert sched.schedule(0.5) is None
@@ -516,7 +515,7 @@ def test_an_uncuttable_text_does_not_keep_the_runtime_awake() -> None:
 
 
 def test_a_stream_about_to_run_dry_cuts_early_too() -> None:
-    sched = new(SchedulerOptions(first_cut_s=0.4, early_cut_words=3, starve_lead_s=0.15))
+    sched = new(PiperSchedulerOptions(first_cut_s=0.4, early_cut_words=3, starve_lead_s=0.15))
     sched.add(1, voice="v", pace=False, now=0.0)
     sched.push_text(1, "One short sentence. And then a slow continuation that", 0.0)
     outs = run_until_idle(sched, 0.0)
@@ -532,7 +531,7 @@ def test_a_stream_about_to_run_dry_cuts_early_too() -> None:
 # ---------------------------------------------------------------- the clock, window by window
 
 
-def _fill(sched: Scheduler, now: float) -> list[Output]:
+def _fill(sched: PiperScheduler, now: float) -> list[Output]:
     """Compute every batch due at ``now`` one at a time, releasing after each (as the runtime
     does: deliver as computed)."""
     out: list[Output] = []
@@ -545,7 +544,7 @@ def _fill(sched: Scheduler, now: float) -> list[Output]:
 def test_window_by_window_delivery_and_startup_priority() -> None:
     """Each batch is one window of one stream, and its audio is released as soon as it is
     folded in; a newcomer's first window goes before a playing stream's next one."""
-    sched = new(SchedulerOptions(windows=(54, 64)))  # as the runtime sets them for the Piper voice
+    sched = new(PiperSchedulerOptions(windows=(54, 64)))  # as the runtime sets them for the Piper voice
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, " ".join(["word"] * 60) + ". ", now=0.0)
     assert of(_fill(sched, 0.0), 1, "audio")  # stream 1 is playing, computed ahead to its lead
@@ -566,7 +565,7 @@ def test_window_by_window_delivery_and_startup_priority() -> None:
 
 
 def test_the_scheduler_says_when_paced_work_falls_due() -> None:
-    sched = new(SchedulerOptions(lead_s=0.4, compute_lead_s=1.0))
+    sched = new(PiperSchedulerOptions(lead_s=0.4, compute_lead_s=1.0))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)
     _fill(sched, 0.0)
@@ -588,7 +587,7 @@ def test_nothing_due_means_no_wake_up() -> None:
 def test_a_stream_that_fell_behind_gets_the_largest_windows() -> None:
     """After a stall the listener is waiting: windows grow to the largest, never back to the
     smallest (which made stalled streams the least efficient ones in a burst)."""
-    sched = new(SchedulerOptions(windows=(6, 12, 24, 48, 64)))
+    sched = new(PiperSchedulerOptions(windows=(6, 12, 24, 48, 64)))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, " ".join(["word"] * 80) + ". ", now=0.0)
     batch = sched.schedule(0.0)
@@ -601,7 +600,7 @@ def test_a_stream_that_fell_behind_gets_the_largest_windows() -> None:
 
 
 def test_a_batch_is_orphaned_once_all_its_streams_finished() -> None:
-    sched = new(SchedulerOptions(max_jobs=8))
+    sched = new(PiperSchedulerOptions(max_jobs=8))
     for sid in (1, 2):
         sched.add(sid, voice="v", pace=True, now=0.0)
         sched.push_text(sid, "Hello there my friend. ", now=0.0)
@@ -616,7 +615,7 @@ def test_a_batch_is_orphaned_once_all_its_streams_finished() -> None:
 
 def test_start_up_front_parts_are_urgent_read_ahead_ones_are_not() -> None:
     """The engine may spend more CPU on a front part the listener waits for (all threads)."""
-    sched = new(SchedulerOptions(windows=(54, 64), compute_lead_s=1.0))
+    sched = new(PiperSchedulerOptions(windows=(54, 64), compute_lead_s=1.0))
     sched.add(1, voice="v", pace=True, now=0.0)
     sched.push_text(1, "First sentence here. " + " ".join(["more"] * 40) + ". ", now=0.0)
     batch = sched.schedule(0.0)

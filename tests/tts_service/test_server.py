@@ -34,7 +34,7 @@ from tts_service import protocol as P
 from tts_service.audio import mulaw_decode, pcm16_to_float
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSError, TTSOverloaded, WordTimings
 from tts_service.piper.engine import PiperEngine
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 from tts_service.protocol import ErrorCode, Limits, MsgType
 from tts_service.segmenter import SegmenterOptions
 from tts_service.server import ServerConfig
@@ -258,7 +258,7 @@ async def test_non_ascii_text_up_to_the_limit_is_accepted(engine: PiperEngine) -
     text = "Привет мир " * 900  # 9,900 characters, about 55 kB of JSON
     assert len(text) <= Limits().max_text_chars
     # a segmenter that never cuts unpunctuated text keeps the worker out of it: only the transport is tested
-    options = SchedulerOptions(capacity=NO_ADMISSION_LIMIT, segmenter=SegmenterOptions(max_chars=100_000))
+    options = PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT, segmenter=SegmenterOptions(max_chars=100_000))
     async with running_server(engine, options=options) as srv, raw_connection(srv.ws_url) as conn:
         await conn.send(P.start("ru", pace=True))
         await conn.expect(MsgType.STARTED, context_id="ru")
@@ -494,7 +494,7 @@ async def test_websocket_disconnect_cancels_its_contexts(engine: PiperEngine) ->
 
 
 async def test_admission_refuses_with_overloaded(engine: PiperEngine) -> None:
-    options = SchedulerOptions(max_streams=1, capacity=NO_ADMISSION_LIMIT)
+    options = PiperSchedulerOptions(max_streams=1, capacity=NO_ADMISSION_LIMIT)
     async with running_server(engine, options=options) as srv, TTSClient(srv.ws_url) as client:
         busy = await client.open(pace=True)
         await busy.send_text(LONG)

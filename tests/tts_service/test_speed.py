@@ -22,7 +22,7 @@ from support.tts_helpers import NO_ADMISSION_LIMIT, RunningServer, raw_connectio
 from tts_service import protocol as P
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.piper.engine import SPEED_RANGE, PiperEngine, Window
-from tts_service.piper.scheduler import SchedulerOptions
+from tts_service.piper.scheduler import PiperSchedulerOptions
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 # At 2.0 the voice's audio measured ~0.65 of its length at 1.0, at 0.5 ~1.7 (docs/BENCHMARKS.md).
@@ -116,7 +116,7 @@ def test_rows_of_different_rates_in_one_decoder_batch_do_not_mix(engine: PiperEn
 async def test_a_fast_context_beside_a_normal_one_keeps_both_lengths(engine: PiperEngine) -> None:
     """Two contexts on one connection, one at 2.0, computed in the same batches (max_jobs 4):
     each lasts as long as it does alone."""
-    options = SchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_jobs=4, max_tick_frames=2000)
+    options = PiperSchedulerOptions(capacity=NO_ADMISSION_LIMIT, max_jobs=4, max_tick_frames=2000)
     async with running_server(engine, options=options) as srv, raw_connection(srv.ws_url) as conn:
         *_, normal = await conn.speak("n0", TEXT, pace=False)
         *_, fast = await conn.speak("f0", TEXT, pace=False, speed=2.0)

@@ -13,6 +13,9 @@ An engine lives in its own package beside this one (``tts_service/piper``,
 ``tts_service/orpheus``) with three parts: an engine class that fits ``Engine``, a
 ``StreamScheduler`` subclass that plans its unit of work (``schedule`` / ``update`` /
 ``refusal`` / ``_queue`` / ``_computing``), and a ``SynthesizerBase`` subclass that builds that
-scheduler and runs one plan in the worker (``_run`` / ``_batch_size``). The server serves any
-such synthesizer unchanged. Nothing here imports an engine package (tests/test_layout.py).
+scheduler and runs one plan in the worker (``_run`` / ``_batch_size``); its scheduler defines
+what it exchanges with the engine, and the engine imports the scheduler. A ``serve`` module is
+its entry in the registry (:mod:`tts_service.engines`), which finds it by name. The server
+serves any such synthesizer unchanged. Nothing here, in the transports or in the launchers
+imports an engine package (tests/test_layout.py).
 """

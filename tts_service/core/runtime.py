@@ -2,7 +2,7 @@
 
 This is the engine-independent driver (:class:`SynthesizerBase`); each engine's package has a
 small subclass that builds its scheduler and runs one plan in the worker
-(:class:`tts_service.piper.runtime.Synthesizer`, :class:`tts_service.orpheus.runtime.OrpheusSynthesizer`).
+(:class:`tts_service.piper.runtime.PiperSynthesizer`, :class:`tts_service.orpheus.runtime.OrpheusSynthesizer`).
 
 Inference never runs on the event loop, so a ``cancel`` (or a new ``start``) is handled while a
 batch is being computed; the cancelled stream's share of that batch is discarded by id when

@@ -17,7 +17,7 @@ verbs:
   ``cost_per_audio_s`` - what admission, ``/readyz`` and the metrics read.
 
 :class:`StreamScheduler` is the shared part; Piper's window planning is
-:class:`tts_service.piper.scheduler.Scheduler`, Orpheus' slots
+:class:`tts_service.piper.scheduler.PiperScheduler`, Orpheus' slots
 :class:`tts_service.orpheus.scheduler.OrpheusScheduler`. Generated audio is held until
 released, so a cancel drops it without it ever reaching the wire, and the sent lead stays
 bounded whatever the unit of work used to compute it.

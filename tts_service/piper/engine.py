@@ -33,17 +33,17 @@ import numpy as np
 
 from ..core.engine import Engine, VoiceInfo
 from .receptive import Reach, UnsupportedGraph, graph_reach, measure_reach
+from .scheduler import HOP, Prepared
 from .voices import BACK_OUTPUT, DEC_IN, DURATIONS, VoiceError, VoiceFiles, split_voice
 
 log = logging.getLogger(__name__)
 
-HOP = 256  # audio samples per latent frame in Piper's VITS voices
 # onnxruntime's CPU convolutions take another code path for inputs of 64 frames or fewer, whose
-# sums differ from a long input's by up to ~1e-6 (measured on every layer of the joe voice, 1 and
-# 2 threads, every optimisation level). Every decoded span is widened with real neighbouring
-# frames to at least this, so a window equals a whole decode bit for bit. It costs little: a
-# span of 65 frames takes ~2.4x a 28-frame one, and the first window of a stream (no left context)
-# may then hold MIN_SPAN - right-context frames of audio for the price of a 6-frame one.
+# sums differ from a long input's in the last bits (on every layer of the joe voice, any thread
+# count or optimisation level). Every decoded span is widened with real neighbouring frames to at
+# least this, so a window equals a whole decode bit for bit. It costs little: a call's fixed costs
+# dominate a short span, and the first window of a stream (no left context) may then hold
+# MIN_SPAN - right-context frames of audio for the price of a short one (docs/BENCHMARKS.md).
 MIN_SPAN = 65
 DEFAULT_GAIN = 1.5  # raw peaks sit near 0.5-0.7; piper normalises per sentence, which needs the whole sentence
 # Speaking rates a stream may ask for (``start``'s ``speed``): where the rendered length follows
@@ -55,20 +55,6 @@ _WORD_RE = re.compile(r"\S+")
 _SPEAKABLE_RE = re.compile(r"\w")
 # Phoneme symbols that are not sounds of their own: stress marks, length, punctuation.
 _NON_SOUNDS = set("ˈˌː.,;:!?¡¿—…\"'()-") | {"\u0329", "\u0303", "\u032a"}
-
-
-@dataclass(slots=True)
-class Prepared:
-    """One synthesis segment after the front part: ready for windowed decoding."""
-
-    text: str
-    z: np.ndarray  # [1, C, T] float32: the decoder's input (flow output times the mask)
-    words: list[tuple[str, float, float]]  # (word, start_s, end_s) from the segment's start
-    voice: str
-
-    @property
-    def frames(self) -> int:
-        return int(self.z.shape[2])
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +164,13 @@ class PiperEngine(Engine):
 
     def _session(self, path: Path, *, threads: int | None = None):
         opts = self._ort.SessionOptions()
-        # onnxruntime's own default thread count was measured 4x slower here (332 vs 79 ms for a
-        # 64-frame window on 2 cores): pin it to the CPUs this process may use (``threads``:
+        # onnxruntime's own default thread count ran several times slower here (it counts the
+        # machine's cores, not ours): pin it to the CPUs this process may use (``threads``:
         # fewer, for the front part's read-ahead session, see prepare()). The decoder's
-        # convolutions gain from two threads (26 vs 38 ms for a 65-frame span).
+        # convolutions gain from two threads.
         opts.intra_op_num_threads = threads or self.threads or len(os.sched_getaffinity(0))
-        # Spinning worker threads fight the event loop (and any neighbour) for the same cores:
-        # measured 207 -> 69 ms per 64-frame window on a busy 2-core machine with spinning off.
+        # Spinning worker threads fight the event loop (and any neighbour) for the same cores: on a
+        # busy machine a window takes a fraction of the time with spinning off.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.inter_op_num_threads = 1
         providers = (
@@ -236,8 +222,7 @@ class PiperEngine(Engine):
         """First runs allocate arenas and pick kernels; do it before serving real users. A second
         pass is timed: a stream's start-up (a first segment's front part and first window) and
         worker seconds per audio second of a typical reply, which seed admission until real
-        batches refine them (a fixed guess of 0.15 s per audio second refused two thirds of the
-        capacity)."""
+        batches refine them (a fixed guess, right for no machine, refused much of the capacity)."""
         free = self.free_frames(voice)
         for timed in (False, True):
             t0 = time.perf_counter()
@@ -299,8 +284,8 @@ class PiperEngine(Engine):
 
         ``urgent``: the listener is waiting for this segment's first audio (a stream's start-up):
         run it on all intra-op threads. Segments prepared ahead run on one: under outside load
-        two threads cut the front part's wall time (22 vs 29 ms for "Happy to help.", load 3)
-        but cost ~30 % more CPU, which only matters where nobody waits."""
+        two threads cut the front part's wall time but cost more CPU in all, and wall time only
+        matters where somebody waits."""
         name = self.resolve(voice)
         v = self.voices[name]
         text = unicodedata.normalize("NFC", text).strip()

@@ -14,23 +14,22 @@ import time
 
 from ..core.runtime import SynthesizerBase
 from ..metrics import Metrics
-from .engine import PiperEngine, Prepared, Window
-from .scheduler import Batch, BatchResult, Scheduler, SchedulerOptions
+from .engine import PiperEngine, Window
+from .scheduler import Batch, BatchResult, PiperScheduler, PiperSchedulerOptions, Prepared
 
 log = logging.getLogger(__name__)
 
 
-def fit_options(engine, options: SchedulerOptions | None) -> SchedulerOptions:
+def fit_options(engine, options: PiperSchedulerOptions | None) -> PiperSchedulerOptions:
     """Scheduler options for this engine: its context per window side, window sizes raised to
     what it decodes for the same price, batches of many windows only where batching pays, and one
     worker unless asked for more.
 
-    Two workers (each with the decoder's two threads) were measured against one on this 2-core
-    machine under outside load, same runs, 16 agents of ``bench load``: fewer underruns (0.69 and
-    0.25 vs 1.12 and 1.38 per stream) but TTFB p50 153-161 vs 98-100 ms, because a start-up then
-    shares the cores with another batch instead of waiting at most one window and running alone.
-    First audio decides, so one worker by default (docs/architecture.md)."""
-    options = options or SchedulerOptions()
+    Why one worker: a second one (each with the decoder's two threads) gives fewer underruns
+    under load but a later first audio, because a start-up then shares the cores with another
+    batch instead of waiting at most one window and running alone. First audio decides
+    (docs/architecture.md; the runs are in docs/BENCHMARKS.md and its history)."""
+    options = options or PiperSchedulerOptions()
     if options.workers == 0:
         options = dataclasses.replace(options, workers=1)
     free = engine.free_frames() if hasattr(engine, "free_frames") else 0
@@ -45,13 +44,13 @@ def fit_options(engine, options: SchedulerOptions | None) -> SchedulerOptions:
     return dataclasses.replace(options, context_frames=context, windows=windows, max_jobs=jobs, max_tick_frames=budget)
 
 
-class Synthesizer(SynthesizerBase):
+class PiperSynthesizer(SynthesizerBase):
     """The server's synthesis core: streams in, paced outputs out, through sinks."""
 
     def __init__(
-        self, engine: PiperEngine, *, options: SchedulerOptions | None = None, metrics: Metrics | None = None
+        self, engine: PiperEngine, *, options: PiperSchedulerOptions | None = None, metrics: Metrics | None = None
     ) -> None:
-        scheduler = Scheduler(sample_rate=engine.sample_rate, options=fit_options(engine, options))
+        scheduler = PiperScheduler(sample_rate=engine.sample_rate, options=fit_options(engine, options))
         super().__init__(engine, scheduler, metrics)
         for name in ("cost_per_audio_s", "startup_cost_s"):  # measured at the engine's warm-up
             if getattr(engine, name, None):
@@ -81,8 +80,9 @@ class Synthesizer(SynthesizerBase):
         """Abort the running batch when every stream it computes for has been cancelled.
 
         Without this a cancel is honoured at the next tick, but the next turn's first audio still
-        waits for the orphaned tick (a long segment's front part plus a 64-frame window: 100-300 ms
-        on a busy 2-core machine). onnxruntime stops a run whose ``RunOptions.terminate`` is set.
+        waits for the orphaned tick (a long segment's front part plus a window: on a busy machine,
+        a delay a caller hears; docs/BENCHMARKS.md). onnxruntime stops a run whose
+        ``RunOptions.terminate`` is set.
         """
         for batch, run_options in self._inflight.values():
             if not run_options.terminate and self.scheduler.orphaned(batch):

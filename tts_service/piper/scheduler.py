@@ -24,26 +24,43 @@ import numpy as np
 
 from ..core.scheduler import Overloaded, Status, StreamScheduler, StreamState
 from ..segmenter import SegmenterOptions
-from .engine import HOP, Prepared
 
+# The scheduler defines what it exchanges with the engine (a prepared segment in, windows of its
+# frames out) and the engine imports it, as in tts_service.orpheus: planning stays free of model
+# code (no onnxruntime here), and its tests build these by hand.
+HOP = 256  # audio samples per latent frame in Piper's VITS voices: the unit windows are planned in
 _SENTENCE_ENDS = ".!?…"
 _CLOSERS = "\"')]}”’"
 
 
 @dataclass(slots=True)
-class SchedulerOptions:
+class Prepared:
+    """One synthesis segment after the front part: ready for windowed decoding."""
+
+    text: str
+    z: np.ndarray  # [1, C, T] float32: the decoder's input (flow output times the mask)
+    words: list[tuple[str, float, float]]  # (word, start_s, end_s) from the segment's start
+    voice: str
+
+    @property
+    def frames(self) -> int:
+        return int(self.z.shape[2])
+
+
+@dataclass(slots=True)
+class PiperSchedulerOptions:
     lead_s: float = 0.4  # how far ahead of the listener's playhead audio is sent (paced streams)
     # How far ahead audio is computed (and held until due). More than lead_s, so a stream's next
     # window is computed while it still has lead_s of audio queued at the client: with several
     # streams waiting for the worker, computing only below lead_s let the client's lead fall to
-    # 40-140 ms. Held audio is dropped on cancel.
+    # a fraction of it (docs/BENCHMARKS.md). Held audio is dropped on cancel.
     compute_lead_s: float = 1.0
     # Latent frames per window, growing; the runtime raises each to what the engine decodes for
-    # the same price (a Piper window spans at least 65 frames: the first can hold 54). Larger
-    # windows cost less per frame (context 2 x 11 frames, fixed costs per call): once a stream
-    # holds ~2.5 s of audio, 192-frame windows (2.2 s) cut the decode's CPU per audio second by
-    # ~5 % against 96 (`bench load --baseline`, docs/BENCHMARKS.md), while a newcomer waits behind
-    # at most one running window, a few tens of ms.
+    # the same price (a Piper window spans at least MIN_SPAN frames). Larger windows cost less
+    # per frame (the context on each side and a call's fixed costs are paid once per window):
+    # once a stream holds a couple of seconds of audio, the largest windows cut the decode's CPU
+    # per audio second (`bench load --baseline`, docs/BENCHMARKS.md), while a newcomer waits
+    # behind at most one running window.
     windows: tuple[int, ...] = (6, 12, 24, 48, 64, 96, 192)
     frame_samples: int = 1024  # native samples per audio frame on the wire (~46 ms at 22.05 kHz)
     # Windows per batch. 1 on a CPU: batching windows of several streams there gives no
@@ -130,13 +147,13 @@ class BatchResult:
     seconds: float = 0.0
 
 
-class Scheduler(StreamScheduler):
+class PiperScheduler(StreamScheduler):
     """Owns every stream's lifecycle between the transports and the engine."""
 
     _stream_type = _Stream
 
-    def __init__(self, *, sample_rate: int, options: SchedulerOptions | None = None) -> None:
-        super().__init__(sample_rate=sample_rate, options=options or SchedulerOptions())
+    def __init__(self, *, sample_rate: int, options: PiperSchedulerOptions | None = None) -> None:
+        super().__init__(sample_rate=sample_rate, options=options or PiperSchedulerOptions())
         # EMA of worker seconds per audio second; the runtime seeds it from the engine's warm-up
         # and real batches refine it live.
         self.cost_per_audio_s = 0.15
@@ -168,8 +185,7 @@ class Scheduler(StreamScheduler):
             # the queue of start-ups must fit in the first window's audio of the earliest one.
             # (One worker's share, whatever their number: start-up costs are measured mostly
             # alone, and two workers on two cores drain the queue no faster than one with two
-            # threads - with their share, nine simultaneous starts were all admitted and fell
-            # silent for 0.4-0.5 s.)
+            # threads - with their share, a burst of starts was all admitted and fell silent.)
             wait_ms = round(starting * self.startup_cost_s * 1000)
             return Overloaded(
                 min(1000, max(100, wait_ms)),

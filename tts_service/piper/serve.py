@@ -58,22 +58,22 @@ def load_piper_engine(
 
 def build(args: argparse.Namespace, *, metrics=None):
     """``streamvox serve --engine piper``: the voices of ``--voice-path`` with their scheduler."""
-    from .scheduler import SchedulerOptions
+    from .scheduler import PiperSchedulerOptions
     from .voices import VoiceError
 
     try:
         engine = load_piper_engine(args.voice_path, device=args.device, threads=args.threads)
     except VoiceError as exc:
         raise EngineSetupError(str(exc)) from None
-    options = SchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, capacity=args.capacity)
+    options = PiperSchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, capacity=args.capacity)
     return synthesizer(engine, options=options, metrics=metrics)
 
 
 def synthesizer(engine=None, *, options=None, metrics=None):
     """A loaded Piper engine (``None``: the bundled voice, quietly) wrapped for the server;
-    ``options`` are :class:`~tts_service.piper.scheduler.SchedulerOptions`."""
-    from .runtime import Synthesizer
+    ``options`` are :class:`~tts_service.piper.scheduler.PiperSchedulerOptions`."""
+    from .runtime import PiperSynthesizer
 
     if engine is None:
         engine = load_piper_engine(progress=lambda *_: None)
-    return Synthesizer(engine, options=options, metrics=metrics)
+    return PiperSynthesizer(engine, options=options, metrics=metrics)
