@@ -32,8 +32,13 @@ How it maps onto the framework (read from the 1.8.9 source):
 * **Replicas.** ``url`` may be a list of replicas, or one DNS name with ``discover=True``: every
   pooled ``TTSClient`` places its connection on the less loaded of two replicas, skips one that
   refuses, drains or does not answer, and replaces a draining connection between turns.
+* **A thin plug-in.** Placement, refusals, the cancel-ack deadline, reconnects and drains are
+  ``TTSClient``'s, that is ``tts_service.driver``'s - the same policy and setting names as the
+  Pipecat service - and the counters are the same ``StreamvoxStats`` type.
 * Errors are translated once, at this boundary, into ``APIError`` subclasses (``from None``,
   no key or query string in messages).
+
+Measured figures (TTFB, cancel-ack latency): docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -43,9 +48,8 @@ import dataclasses
 import logging
 import re
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from livekit.agents import (
@@ -74,6 +78,7 @@ from tts_service.client import (
     WordTimings,
 )
 from tts_service.client import Resolver as _Resolver
+from tts_service.driver import StreamvoxStats, renamed_settings
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +107,7 @@ class _TTSOptions:
     sample_rate: int
     pace: bool
     persistent: bool
-    cancel_timeout: float
+    cancel_ack_timeout_s: float
     max_streams_per_connection: int
     discover: bool = False  # url's host name has one address per replica (a headless Service)
     resolver: _Resolver | None = None
@@ -113,7 +118,7 @@ class _TTSOptions:
         return TTSClient(
             self.url if isinstance(self.url, str) else list(self.url),
             api_key=self.api_key,
-            cancel_timeout=self.cancel_timeout,
+            cancel_ack_timeout_s=self.cancel_ack_timeout_s,
             connect_attempts=connect_attempts,
             discover=self.discover,
             resolver=self.resolver,
@@ -129,18 +134,6 @@ class CancelReport:
     latency_s: float  # gate (inside aclose) -> server ack
     frames_dropped_client: int  # arrived after the gate, discarded
     frames_dropped_server: int  # computed, never sent
-
-
-@dataclass
-class StreamvoxStats:
-    """Counters of one ``StreamvoxTTS``; read them for tests, logs or your own metrics."""
-
-    streams: int = 0
-    cancels: int = 0
-    cancels_acked: int = 0
-    cancels_unacked: int = 0
-    frames_dropped: int = 0  # frames of cancelled contexts that arrived and were discarded
-    cancel_ack_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
 
 
 def _clean(message: str, api_key: str | None) -> str:
@@ -176,6 +169,16 @@ def _translate(exc: BaseException, api_key: str | None) -> APIError:
 
 
 # ---------------------------------------------------------------- connections
+
+
+async def _connected(client: TTSClient) -> TTSClient:
+    """``client`` once connected; closed (its HTTP session too) if it cannot connect."""
+    try:
+        await client.connect()
+    except BaseException:
+        await client.close()
+        raise
+    return client
 
 
 @dataclass(eq=False)
@@ -221,12 +224,7 @@ class _ClientPool:
                     await client.connect()
                     self._leases[client] = n + 1
                     return client, False
-            client = self._new_client()
-            try:
-                await client.connect()
-            except BaseException:
-                await client.close()
-                raise
+            client = await _connected(self._new_client())
             self._leases[client] = 1
             return client, False
 
@@ -255,12 +253,14 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
         api_key: sent as ``Authorization: Bearer``; never put in messages.
         voice: a voice name the server knows (default: the server's default voice).
         sample_rate: output rate; the server resamples.
-        pace: keep the server about 400 ms ahead of real time (cheap cancels, fair sharing);
-            ``synthesize()`` always renders unpaced.
+        pace: let the server pace audio a bounded lead ahead of real time (cheap cancels, fair
+            sharing); ``synthesize()`` always renders unpaced.
         persistent_connection: pool connections across streams (the point of this plug-in).
             ``False`` opens a connection per stream and closes it after, as LiveKit's
             reference plug-ins effectively do on interruption; kept for comparison.
-        cancel_timeout: how long a cancel waits for the server's ack before the socket is dropped.
+        cancel_ack_timeout_s: how long a cancel waits for the server's ack before the socket is
+            dropped (the name every streamvox client uses; ``cancel_timeout``, the earlier one,
+            still works with a DeprecationWarning).
         max_streams_per_connection: leases per pooled client before another socket is opened
             (keep it at or below the server's ``--max-contexts``).
         discover: ``url``'s host name resolves to one address per replica (a headless Service).
@@ -276,11 +276,15 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
         sample_rate: int = DEFAULT_SAMPLE_RATE,
         pace: bool = True,
         persistent_connection: bool = True,
-        cancel_timeout: float = 1.0,
+        cancel_ack_timeout_s: float = 1.0,
         max_streams_per_connection: int = 8,
         discover: bool = False,
         resolver: _Resolver | None = None,
+        **renamed: float,
     ) -> None:
+        cancel_ack_timeout_s = renamed_settings(
+            "StreamvoxTTS", renamed, {"cancel_ack_timeout_s": cancel_ack_timeout_s}
+        )["cancel_ack_timeout_s"]
         if sample_rate not in P.SAMPLE_RATES:
             raise ValueError(f"sample_rate {sample_rate} is not supported; use one of {list(P.SAMPLE_RATES)}")
         super().__init__(
@@ -295,7 +299,7 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
             sample_rate=sample_rate,
             pace=pace,
             persistent=persistent_connection,
-            cancel_timeout=cancel_timeout,
+            cancel_ack_timeout_s=cancel_ack_timeout_s,
             max_streams_per_connection=max_streams_per_connection,
             discover=discover,
             resolver=resolver,
@@ -350,9 +354,9 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
         self._spawn(_prewarm())
 
     async def aclose(self) -> None:
-        # Pending cancels finish first (each is bounded by cancel_timeout), then sockets close.
+        # Pending cancels finish first (each is bounded by cancel_ack_timeout_s), then sockets close.
         if self._background:
-            await asyncio.wait(set(self._background), timeout=self._opts.cancel_timeout + 1.0)
+            await asyncio.wait(set(self._background), timeout=self._opts.cancel_ack_timeout_s + 1.0)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -379,13 +383,7 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
                 pool = self._pool(opts)
                 client, reused = await pool.get()
                 return _Lease(client, reused, pool)
-            client = opts.client()
-            try:
-                await client.connect()
-            except BaseException:
-                await client.close()
-                raise
-            return _Lease(client, False, None)
+            return _Lease(await _connected(opts.client()), False, None)
 
     async def _settle(
         self,
@@ -418,14 +416,12 @@ class StreamvoxTTS(tts.TTS[Literal["stream_cancelled"]]):
                 await lease.release()
 
     def _record_cancel(self, context_id: str, result: CancelResult, latency_s: float) -> None:
-        s = self.stats
-        s.cancels += 1
-        s.frames_dropped += result.frames_dropped_client
-        if result.acked:
-            s.cancels_acked += 1
-            s.cancel_ack_s.append(latency_s)
-        else:
-            s.cancels_unacked += 1
+        self.stats.cancels += 1
+        self.stats.frames_dropped += result.frames_dropped_client
+        self.stats.cancel_settled(
+            acked=result.acked, latency_s=latency_s, frames_dropped_server=result.frames_dropped_server
+        )
+        if not result.acked:
             log.warning("streamvox: cancel of %s not acknowledged; the connection was dropped", context_id)
         self.emit(
             "stream_cancelled",

@@ -169,7 +169,7 @@ async def test_missing_ack_drops_the_connection(engine, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(server_module._Connection, "_on_cancel", lambda self, msg: None)  # a server that never acks
     async with running_server(engine) as srv:
-        tts = StreamvoxTTS(url=srv.url, cancel_timeout=0.3)
+        tts = StreamvoxTTS(url=srv.url, cancel_ack_timeout_s=0.3)
         events = Events(tts)
         try:
             stream = tts.stream()
