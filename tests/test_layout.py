@@ -150,6 +150,65 @@ def test_core_and_engines_are_separate_packages():
     assert _violations("tts_service", _engine_rule) == []
 
 
+# The modules that carry streams or start servers; with the core, none may know an engine.
+TRANSPORTS_AND_LAUNCHERS = (
+    "tts_service.server",
+    "tts_service.ws",
+    "tts_service.cli",
+    "tts_service.localproc",
+    "tts_service.demo",
+    "tts_service.replicas",
+    "tts_service.haproxy_agent",
+    "tts_service.core",
+)
+REGISTRY = "tts_service.engines"  # names the engines by module path (strings), imports none
+
+
+def _engine_blind_rule(path: Path, mod: str) -> str | None:
+    """Outside the engine packages nothing in ``tts_service`` imports one, lazily or not: the
+    server, the CLI and the launchers get their engine from the registry, by name."""
+    own = _module_name(path)
+    if any(_is(own, e) for e in ENGINES) or not any(_is(mod, e) for e in ENGINES):
+        return None
+    if own == REGISTRY:
+        return "the registry names engines by module path (a string); it imports none"
+    if any(_is(own, t) for t in TRANSPORTS_AND_LAUNCHERS):
+        return "a transport, launcher or the core never imports an engine package: ask tts_service.engines"
+    return "only an engine package imports an engine package: the rest asks tts_service.engines"
+
+
+def _direction_rule(path: Path, mod: str) -> str | None:
+    """One import direction in every engine: the scheduler plans (and defines what it exchanges
+    with the engine), the engine imports the scheduler, the runtime imports both."""
+    own = _module_name(path)
+    for e in ENGINES:
+        if own == f"{e}.scheduler" and any(_is(mod, f"{e}.{m}") for m in ("engine", "runtime", "serve")):
+            return "an engine's scheduler never imports its engine or runtime (the engine imports the scheduler)"
+        if own == f"{e}.engine" and any(_is(mod, f"{e}.{m}") for m in ("runtime", "serve")):
+            return "an engine never imports its runtime (the runtime imports the engine)"
+    return None
+
+
+def test_transports_launchers_and_the_core_import_no_engine():
+    assert _violations("tts_service", _engine_blind_rule) == []
+    # the registry's built-in entries are the engine packages this file knows
+    from tts_service import engines
+
+    built_in = {engines.entry(n).__name__.rsplit(".", 1)[0] for n in ("piper", "orpheus")}
+    assert built_in == set(ENGINES)
+    missing = [t for t in TRANSPORTS_AND_LAUNCHERS if not _exists(t)]
+    assert missing == [], "a module the rule names is gone: update TRANSPORTS_AND_LAUNCHERS"
+
+
+def _exists(module: str) -> bool:
+    path = ROOT / Path(*module.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_every_engine_imports_in_one_direction():
+    assert _violations("tts_service", _direction_rule) == []
+
+
 def test_nothing_outside_pipelines_imports_it():
     bad = []
     for folder in ("tts_service", "agent", "examples"):
@@ -369,3 +428,22 @@ def test_the_checker_sees_a_crossing(tmp_path):
     assert _engine_rule(core_probe, "tts_service.piper.engine")
     assert _engine_rule(ROOT / "tts_service" / "orpheus" / "probe.py", "tts_service.piper.scheduler")
     assert _engine_rule(ROOT / "tts_service" / "orpheus" / "probe.py", "tts_service.core.scheduler") is None
+    # a transport or launcher importing an engine is reported, lazily too; a module path in a
+    # string (the registry's way) is no import
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text(
+        'ENTRY = "tts_service.piper.serve"\n\ndef f():\n    from .piper.runtime import PiperSynthesizer\n',
+        encoding="utf-8",
+    )
+    for module in ("tts_service.server", "tts_service.localproc", "tts_service.engines"):
+        found = [m for _, m in _imports(lazy, module=module)]
+        assert found == ["tts_service.piper.runtime", "tts_service.piper.runtime.PiperSynthesizer"]
+        probe_path = ROOT / Path(*module.split(".")).with_suffix(".py")
+        assert all(_engine_blind_rule(probe_path, m) for m in found)
+    assert _engine_blind_rule(ROOT / "tts_service" / "core" / "probe.py", "tts_service.orpheus")
+    assert _engine_blind_rule(ROOT / "tts_service" / "piper" / "serve.py", "tts_service.piper.runtime") is None
+    assert _engine_blind_rule(ROOT / "tts_service" / "cli.py", "tts_service.engines") is None
+    # and an engine whose scheduler imports its engine module
+    assert _direction_rule(ROOT / "tts_service" / "piper" / "scheduler.py", "tts_service.piper.engine")
+    assert _direction_rule(ROOT / "tts_service" / "orpheus" / "engine.py", "tts_service.orpheus.runtime")
+    assert _direction_rule(ROOT / "tts_service" / "orpheus" / "engine.py", "tts_service.orpheus.scheduler") is None
