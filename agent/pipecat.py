@@ -453,10 +453,9 @@ class StreamvoxTTSService(WebsocketTTSService):
         """The current socket ended under us: the driver backs its replica off (unless we aborted
         it ourselves for a missing ack), so WebsocketService's reconnect goes elsewhere."""
         if ws is self._websocket and self._replica is not None and not self._disconnecting:
-            self._driver.lost(
-                self._replica, reason, retired=ws is self._condemned or self._session.draining, contexts=0,
-                now=time.monotonic(),
-            )
+            left = ws is self._condemned or self._session.draining
+            # contexts=0: the cut turns are counted per Pipecat audio context in _end_lost_contexts
+            self._driver.lost(self._replica, reason, retired=left, contexts=0, now=time.monotonic())
 
     async def _on_audio(self, data: bytes) -> None:
         ev = self._session.receive_audio(data)
