@@ -1,4 +1,4 @@
-"""The agent's echo canceller (:mod:`agent.echo`) in a LiveKit ``AgentSession``: two io wrappers and an STT filter.
+"""The echo canceller (:mod:`agent.runtime.echo`) in a LiveKit ``AgentSession``: two io wrappers and an STT filter.
 
     echo = LiveKitEcho()
     echo.attach(session)            # before or after session.start(), once its audio io is set
@@ -38,7 +38,7 @@ from livekit.agents import stt
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit.agents.voice import Agent, ModelSettings, io
 
-from .echo import RATE, EchoCanceller, echo_transcript
+from .runtime.echo import RATE, EchoCanceller, echo_transcript
 
 __all__ = ["EchoCheckedAgent", "LiveKitEcho"]
 

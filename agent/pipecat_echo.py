@@ -1,4 +1,4 @@
-"""The agent's echo canceller (:mod:`agent.echo`) in a Pipecat pipeline: three small processors.
+"""The agent's echo canceller (:mod:`agent.runtime.echo`) in a Pipecat pipeline: three small processors.
 
     canceller = PipecatEcho()
     Pipeline([transport.input(), canceller.cleaner(), stt, canceller.transcripts(), pair.user(), llm, tts,
@@ -36,7 +36,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-from .echo import RATE, EchoCanceller, echo_transcript
+from .runtime.echo import RATE, EchoCanceller, echo_transcript
 
 __all__ = ["PipecatEcho"]
 

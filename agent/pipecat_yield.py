@@ -11,7 +11,7 @@ the server sent: streamvox paces ~400 ms ahead of real time, and the transport's
   in order with the text and control frames behind it, so word-timed ``TTSTextFrame``s still
   reach the assistant aggregator only as their audio is handed on);
 * **yields**: at the caller's first speech window (its own Silero VAD on the
-  ``InputAudioRawFrame``s that flow past, ``agent.vad.SileroVAD(report_onsets=True)``, or
+  ``InputAudioRawFrame``s that flow past, ``agent.runtime.vad.SileroVAD(report_onsets=True)``, or
   Pipecat's ``VADUserStartedSpeakingFrame`` if that comes first) it stops handing audio on, so
   the bot falls quiet within the ``lead_ms`` already downstream. The normal interruption
   confirms it: on ``InterruptionFrame`` the held audio and text are dropped (uninterruptible
@@ -53,7 +53,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-from .vad import SileroVAD, VADParams
+from .runtime.vad import SileroVAD, VADParams
 
 __all__ = ["GateYield", "YieldGate"]
 

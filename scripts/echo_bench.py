@@ -4,7 +4,7 @@
     .venv/bin/python scripts/echo_bench.py --early-barge-in                    # headphones: the caller ducked? ~20 s
 
 The bot (the bundled Piper voice, a two-sentence greeting) plays through a synthetic loudspeaker
-and room (``support.echo_path``) into the microphone; ``agent.echo.EchoCanceller`` is driven as a
+and room (``support.echo_path``) into the microphone; ``agent.runtime.echo.EchoCanceller`` is driven as a
 transport drives it (20 ms pieces, arrival jitter, the far end handed over 40 ms ahead). Per
 scenario (delay x level x drift x room):
 
@@ -36,7 +36,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/
 
-from agent.echo import EchoCanceller
+from agent.runtime.echo import EchoCanceller
 from support.echo_path import EchoPath, Room, erle_windows, through_canceller, to_int16
 from support.wer import wer
 

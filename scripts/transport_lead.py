@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from agent.simulate import LONG_ANSWER
+from sim.barge_in import LONG_ANSWER
 from tts_service.client import AudioFrame, TTSClient
 from tts_service.localproc import ServerThread
 from tts_service.piper.scheduler import PiperSchedulerOptions

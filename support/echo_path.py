@@ -165,7 +165,7 @@ def through_canceller(
     jitter_s: float = 0.01,
     seed: int = 0,
 ) -> np.ndarray:
-    """Drive an ``agent.echo.EchoCanceller`` as a transport would, on a simulated clock; returns the cleaned mic.
+    """Drive an ``agent.runtime.echo.EchoCanceller`` as a transport would, on a simulated clock; returns the clean mic.
 
     ``far`` is handed over ``lead_s`` ahead of its playout in ``chunk_s`` pieces (as the agent's
     output does), ``mic`` arrives in ``chunk_s`` pieces with up to ``jitter_s`` of arrival jitter.

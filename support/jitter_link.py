@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.jitter import AdaptiveJitterBuffer, JitterState
+from agent.runtime.jitter import AdaptiveJitterBuffer, JitterState
 
 SR = 16000
 FRAME_S = 0.02

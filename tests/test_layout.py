@@ -34,7 +34,19 @@ AGENT_MAY_USE = (
     "tts_service.localproc",
 )
 ENGINES = ("tts_service.piper", "tts_service.orpheus")  # engine packages beside tts_service/core
-PUBLIC_API = ("tts_service.client", "tts_service.protocol", "agent.pipecat", "agent.livekit", "agent.webrtc_uplink")
+PUBLIC_API = (
+    "tts_service.client",
+    "tts_service.protocol",
+    "agent.pipecat",
+    "agent.livekit",
+    "agent.webrtc_uplink",
+    "agent.runtime",
+)
+# agent/ has two halves: the plug-ins (agent/*.py) and the framework-free runtime (agent/runtime/);
+# the runtime's old addresses stay as pure re-exports, and the simulation is a tool beside them (sim/)
+RUNTIME = "agent.runtime"
+AGENT_COMPAT = ("agent.vad", "agent.jitter", "agent.speech", "agent.bargein", "agent.echo")
+PLUGIN_ONLY = (*FRAMEWORKS, "aiortc")  # the stacks a plug-in adapts; the runtime imports none of them
 
 
 def _module_name(path: Path) -> str:
@@ -98,9 +110,31 @@ def _agent_rule(path: Path, mod: str) -> str | None:
         return "nothing imports pipelines (apps are not libraries)"
     if _is(mod, "tts_service") and mod != "tts_service" and not any(_is(mod, ok) for ok in AGENT_MAY_USE):
         return f"the agent side uses only {', '.join(AGENT_MAY_USE)} of the server package"
+    if _is(mod, "sim"):
+        return "the agent side never imports the simulation (a tool)"
     for fw in FRAMEWORKS:
-        if _is(mod, fw) and not path.stem.startswith(fw):
+        if _is(mod, fw) and not (path.stem.startswith(fw) and path.parent == ROOT / "agent"):
             return f"{fw} may be imported only in its plug-in module (agent/{fw}*.py)"
+    return None
+
+
+def _runtime_rule(path: Path, mod: str) -> str | None:
+    """Inside ``agent.runtime``: no framework, no plug-in, nothing of the old addresses."""
+    if any(_is(mod, fw) for fw in PLUGIN_ONLY):
+        return "the agent's runtime is framework-free (plug-ins adapt it to pipecat, livekit, aiortc)"
+    if _is(mod, "agent") and mod != "agent" and not _is(mod, RUNTIME):
+        return "the runtime never imports a plug-in (or a compat address): plug-ins use the runtime"
+    return _agent_rule(path, mod)
+
+
+def _sim_rule(path: Path, mod: str) -> str | None:
+    """The simulation drives the runtime as an agent would, without a framework or a plug-in."""
+    if _is(mod, "agent") and mod != "agent" and not _is(mod, RUNTIME):
+        return "the simulation drives agent.runtime only (no plug-in, no compat address)"
+    if any(_is(mod, fw) for fw in PLUGIN_ONLY) or _is(mod, "pipelines"):
+        return "the simulation needs no framework and no app"
+    if _is(mod, "tts_service") and mod != "tts_service" and not any(_is(mod, ok) for ok in AGENT_MAY_USE):
+        return f"the simulation uses only {', '.join(AGENT_MAY_USE)} of the server package"
     return None
 
 
@@ -447,3 +481,70 @@ def test_the_checker_sees_a_crossing(tmp_path):
     assert _direction_rule(ROOT / "tts_service" / "piper" / "scheduler.py", "tts_service.piper.engine")
     assert _direction_rule(ROOT / "tts_service" / "orpheus" / "engine.py", "tts_service.orpheus.runtime")
     assert _direction_rule(ROOT / "tts_service" / "orpheus" / "engine.py", "tts_service.orpheus.scheduler") is None
+
+
+def test_agent_runtime_imports_no_framework_and_no_plugin():
+    assert (ROOT / "agent" / "runtime" / "__init__.py").exists()
+    assert _violations("agent/runtime", _runtime_rule) == []
+
+
+def test_the_simulation_drives_only_the_runtime_and_nothing_in_the_product_imports_it():
+    assert _violations("sim", _sim_rule) == []
+    bad = []
+    for folder in ("tts_service", "agent", "pipelines"):
+        bad += _violations(folder, lambda p, m: "imports the simulation (a tool)" if _is(m, "sim") else None)
+    assert bad == []
+
+
+def _all_names(tree: ast.Module) -> list[str]:
+    return next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+    )
+
+
+def test_the_runtime_old_addresses_only_re_export_it():
+    """``agent.vad`` & co. stay for users' code: each is a docstring, one import from its
+    ``agent.runtime`` module covering that module's ``__all__``, and ``__all__``; nothing in the
+    repository uses them (new code names the runtime)."""
+    for name in AGENT_COMPAT:
+        tree = ast.parse((ROOT / Path(*name.split("."))).with_suffix(".py").read_text(encoding="utf-8"))
+        assert [type(n).__name__ for n in tree.body] == ["Expr", "ImportFrom", "Assign"], name
+        target = RUNTIME + name.removeprefix("agent")
+        assert tree.body[1].module == target, name
+        exported = _all_names(tree)
+        assert sorted(a.name for a in tree.body[1].names) == sorted(exported), name
+        runtime_tree = ast.parse((ROOT / Path(*target.split("."))).with_suffix(".py").read_text(encoding="utf-8"))
+        assert set(_all_names(runtime_tree)) <= set(exported), name
+    users = []
+    for folder in ("tts_service", "agent", "pipelines", "sim", "scripts", "support", "examples", "tests"):
+        if (ROOT / folder).is_dir():
+            users += _violations(folder, _old_address)
+    assert users == []
+
+
+def _old_address(path: Path, mod: str) -> str | None:
+    if any(_is(mod, old) for old in AGENT_COMPAT):
+        return "an old address of the runtime: import from agent.runtime"
+    return None
+
+
+def test_the_agent_rules_see_a_crossing():
+    runtime = ROOT / "agent" / "runtime" / "probe.py"
+    assert _runtime_rule(runtime, "pipecat.frames.frames")
+    assert _runtime_rule(runtime, "aiortc.rtp")
+    assert _runtime_rule(runtime, "agent.pipecat_yield")
+    assert _runtime_rule(runtime, "agent.vad")
+    assert _runtime_rule(runtime, "sim.sounds")
+    assert _runtime_rule(runtime, "agent.runtime.jitter") is None
+    # a framework only in a plug-in module beside the runtime, never inside it whatever its name
+    assert _agent_rule(ROOT / "agent" / "runtime" / "livekit_probe.py", "livekit.rtc")
+    assert _agent_rule(ROOT / "agent" / "livekit_probe.py", "livekit.rtc") is None
+    assert _agent_rule(ROOT / "agent" / "pipecat_probe.py", "sim.barge_in")
+    sim = ROOT / "sim" / "probe.py"
+    assert _sim_rule(sim, "agent.pipecat")
+    assert _sim_rule(sim, "agent.bargein")
+    assert _sim_rule(sim, "livekit.agents")
+    assert _sim_rule(sim, "tts_service.server")
+    assert _sim_rule(sim, "agent.runtime.bargein") is None

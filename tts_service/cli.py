@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plugin_commands(sub: argparse._SubParsersAction) -> None:
-    """Subcommands that other packages register (``streamvox simulate`` comes from ``agent``,
+    """Subcommands that other packages register (``streamvox simulate`` comes from ``sim``,
     ``streamvox bench`` from the bench tool).
 
     Entry points rather than an import: the server package never imports the agent side or the

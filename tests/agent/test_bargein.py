@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.bargein import BargeIn, BargeInIgnored, BargeInMetrics, BargeInOptions, BargeInRecord
-from agent.simulate import LONG_ANSWER, ScenarioConfig, make_output, run_barge_in
-from agent.speech import UtteranceStatus
-from agent.vad import SileroVAD, VADParams
+from agent.runtime.bargein import BargeIn, BargeInIgnored, BargeInMetrics, BargeInOptions, BargeInRecord
+from agent.runtime.speech import UtteranceStatus
+from agent.runtime.vad import SileroVAD, VADParams
+from sim.barge_in import LONG_ANSWER, ScenarioConfig, make_output, run_barge_in
 from tts_service.client import TTSClient
 
 SR = 16000

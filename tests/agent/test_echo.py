@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soxr
 
-from agent.echo import DelayEstimator, EchoCanceller, echo_transcript
+from agent.runtime.echo import DelayEstimator, EchoCanceller, echo_transcript
 from support.echo_path import EchoPath, Room, erle_windows, through_canceller, to_int16
 
 SR = 16000

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.jitter import AdaptiveJitterBuffer, JitterState
+from agent.runtime.jitter import AdaptiveJitterBuffer, JitterState
 from support.jitter_link import PULL, SR, simulate
 
 

@@ -176,7 +176,7 @@ async def test_without_the_canceller_the_echo_interrupts_the_agent(lk_tts_server
 async def test_a_caller_talking_over_the_echo_still_interrupts(lk_tts_server, vad_and_stt, echo_db):
     import soxr
 
-    from agent.simulate import synthesize_speech
+    from sim.barge_in import synthesize_speech
 
     cancel = os.environ.get("STREAMVOX_ECHO_CANCEL", "on").strip().lower() != "off"
     words = (soxr.resample(synthesize_speech(BARGE_IN), 16000, RATE) * 32767).astype(np.int16)

@@ -25,7 +25,7 @@ from livekit import rtc
 from livekit.agents.voice import io
 
 from agent.livekit import StreamvoxTTS
-from agent.sounds import cough
+from sim.sounds import cough
 from tests.livekit.helpers import MicInput, RunningServer, ScriptedLLM, TaggingAgent, running_server
 
 LONG = (
@@ -168,7 +168,7 @@ def test_worker_defaults_use_livekits_false_interruption_settings():
 
 
 async def test_speech_pauses_the_agent_then_the_transcript_interrupts_it(lk_tts_server, vad_and_stt, speech):
-    from agent.simulate import synthesize_speech
+    from sim.barge_in import synthesize_speech
 
     talk = (synthesize_speech(BARGE_IN) * 32767).astype(np.int16)
     handle, sink, mic, llm = await talk_over(lk_tts_server, vad_and_stt, talk, aec_warmup_duration=0.0)
@@ -199,7 +199,7 @@ async def test_a_cough_does_not_cost_the_reply(lk_tts_server, vad_and_stt):
 async def test_aec_warmup_keeps_the_first_seconds_of_agent_speech_uninterruptible(lk_tts_server, vad_and_stt):
     """The worker keeps LiveKit's 3 s AEC warm-up (echo protection for browsers/speakerphones):
     caller speech 0.8 s into the agent's first reply neither pauses nor interrupts it before then."""
-    from agent.simulate import synthesize_speech
+    from sim.barge_in import synthesize_speech
 
     talk = (synthesize_speech(BARGE_IN) * 32767).astype(np.int16)
     _handle, sink, _mic, _llm = await talk_over(lk_tts_server, vad_and_stt, talk)  # worker default: 3.0 s

@@ -16,7 +16,6 @@ import pytest
 
 pytest.importorskip("pipecat")
 
-from agent.sounds import cough
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.frames.frames import InputAudioRawFrame, InterruptionFrame, TTSAudioRawFrame
 from pipecat.pipeline.pipeline import Pipeline
@@ -30,6 +29,7 @@ from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
 from agent.pipecat_yield import YieldGate
+from sim.sounds import cough
 from support.pipecat_harness import RealtimePlayer
 
 SR = 16000
@@ -40,7 +40,7 @@ BOT_TEXT = "Your table is booked for seven thirty tonight, and we will send you 
 
 @pytest.fixture(scope="module")
 def bot_audio() -> np.ndarray:
-    from agent.simulate import synthesize_speech
+    from sim.barge_in import synthesize_speech
 
     return (synthesize_speech(BOT_TEXT, sample_rate=SR, peak=0.5) * 32767).astype(np.int16)
 

@@ -10,8 +10,8 @@ import wave
 import numpy as np
 import pytest
 
-from agent.jitter import AdaptiveJitterBuffer
-from agent.playback import ArraySink, PlaybackSink, WavFileSink
+from agent.runtime.jitter import AdaptiveJitterBuffer
+from agent.runtime.playback import ArraySink, PlaybackSink, WavFileSink
 
 SR = 16000
 

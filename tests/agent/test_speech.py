@@ -11,8 +11,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from agent.simulate import LONG_ANSWER, make_output
-from agent.speech import UtteranceStatus
+from agent.runtime.speech import UtteranceStatus
+from sim.barge_in import LONG_ANSWER, make_output
 from tts_service.client import TTSClient, TTSContext
 
 SR = 16000

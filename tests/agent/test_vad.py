@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import vad as vad_mod
-from agent.vad import ENV_MODEL_PATH, SileroVAD, VADEvent, VADParams, find_model_path
+from agent.runtime import vad as vad_mod
+from agent.runtime.vad import ENV_MODEL_PATH, SileroVAD, VADEvent, VADParams, find_model_path
 
 PAD_S = 1.0
 
@@ -206,7 +206,7 @@ def test_loading_the_model_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys; from agent.vad import SileroVAD; SileroVAD(); assert 'torch' not in sys.modules"
+    code = "import sys; from agent.runtime.vad import SileroVAD; SileroVAD(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

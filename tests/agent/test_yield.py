@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.bargein import BargeIn, BargeInMetrics, BargeInOptions, FalseInterruption
-from agent.simulate import make_output
-from agent.simulate_false import compare_played
-from agent.sounds import cough, noise_burst
-from agent.speech import UtteranceStatus
-from agent.vad import SileroVAD, VADParams
+from agent.runtime.bargein import BargeIn, BargeInMetrics, BargeInOptions, FalseInterruption
+from agent.runtime.speech import UtteranceStatus
+from agent.runtime.vad import SileroVAD, VADParams
+from sim.barge_in import make_output
+from sim.false_interruption import compare_played
+from sim.sounds import cough, noise_burst
 from tts_service.client import TTSClient
 
 SR = 16000

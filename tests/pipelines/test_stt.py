@@ -119,8 +119,7 @@ def test_a_one_word_reply_through_the_browser_takes_one_decode(model):
 def test_non_speech_through_opus_still_goes_to_the_full_window_and_is_dropped(model):
     """Coughs, bursts and hum make Whisper hallucinate ("I'm going to do that."): the short window
     must not take those words; the full window's verdict drops them."""
-    from agent.sounds import cough, noise_burst
-
+    from sim.sounds import cough, noise_burst
     from support.stt_helpers import opus_round_trip, vad_like
 
     tone = np.arange(16000) / 16000

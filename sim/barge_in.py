@@ -1,16 +1,16 @@
 """Barge-in scenario runner: ``streamvox simulate barge-in`` and the tests' driver.
 
-One run: the bot speaks a long answer through :class:`~agent.speech.SpeechOutput` into a
-clock-driven :class:`~agent.playback.ArraySink` (a sound device simulated in real time); the
+One run: the bot speaks a long answer through :class:`~agent.runtime.speech.SpeechOutput` into a
+clock-driven :class:`~agent.runtime.playback.ArraySink` (a sound device simulated in real time); the
 caller's microphone starts with the bot's first sample and carries silence, then - ``at_ms``
 later - real speech (a sentence synthesised with our own voice, noise scales 0 so it is the same
 every time, resampled to 16 kHz), fed to the Silero VAD in real time in 32 ms chunks on the
-clock. :class:`~agent.bargein.BargeIn` fires; the run measures it, checks on the sink that no bot
+clock. :class:`~agent.runtime.bargein.BargeIn` fires; the run measures it, checks on the sink that no bot
 audio played after the silence point, and - once the cancel is acknowledged and the caller has
 finished - starts the next turn on the same connection and records its TTFB.
 
 Figures per run and overall: yield (onset -> the bot paused at the VAD's first speech window,
-:class:`~agent.bargein.BargeIn`'s yield-then-confirm; ``--no-yield`` turns it off),
+:class:`~agent.runtime.bargein.BargeIn`'s yield-then-confirm; ``--no-yield`` turns it off),
 onset -> silence, split into the VAD's decision time (min speech),
 the reaction (caller-audio chunking + scheduling) and the fade; cancel -> ack (off the silence
 path: silence does not wait for the network); frames dropped after the cancel; stale frames
@@ -39,14 +39,13 @@ from typing import Any
 
 import numpy as np
 
+from agent.runtime.bargein import BargeIn, BargeInIgnored, BargeInMetrics, BargeInOptions, BargeInRecord
+from agent.runtime.jitter import AdaptiveJitterBuffer
+from agent.runtime.playback import ArraySink
+from agent.runtime.speech import SpeechOutput, UtteranceStatus
+from agent.runtime.vad import SileroVAD, VADParams
 from tts_service.client import TTSClient, TTSConnectionError, TTSOverloaded
 from tts_service.localproc import ChildServer, ServerThread, StartError
-
-from .bargein import BargeIn, BargeInIgnored, BargeInMetrics, BargeInOptions, BargeInRecord
-from .jitter import AdaptiveJitterBuffer
-from .playback import ArraySink
-from .speech import SpeechOutput, UtteranceStatus
-from .vad import SileroVAD, VADParams
 
 __all__ = [
     "CALLER_TEXT",
@@ -511,7 +510,7 @@ def _console():
 
 
 def _cli_false(args: argparse.Namespace) -> int:
-    from .simulate_false import simulate_false, summary_lines
+    from .false_interruption import simulate_false, summary_lines
 
     if args.runs < 1:
         print("streamvox: --runs must be >= 1", file=sys.stderr)

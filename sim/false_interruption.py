@@ -1,9 +1,9 @@
 """``streamvox simulate false-interruption``: a cough or a noise burst over the bot's reply.
 
-One run: the bot speaks a reply through :class:`~agent.speech.SpeechOutput` into a real-time
-:class:`~agent.playback.ArraySink`; ``at_ms`` into it the caller's microphone carries a
-synthetic cough or a band-limited noise burst (:mod:`agent.sounds`), fed to the real Silero VAD
-in 32 ms chunks on the clock. :class:`~agent.bargein.BargeIn` may yield (pause) and must resume:
+One run: the bot speaks a reply through :class:`~agent.runtime.speech.SpeechOutput` into a real-time
+:class:`~agent.runtime.playback.ArraySink`; ``at_ms`` into it the caller's microphone carries a
+synthetic cough or a band-limited noise burst (:mod:`sim.sounds`), fed to the real Silero VAD
+in 32 ms chunks on the clock. :class:`~agent.runtime.bargein.BargeIn` may yield (pause) and must resume:
 the run checks, sample by sample, that the device played every sample the server sent exactly
 once (only the pause's two fade ramps may differ) and that the reply finished, and reports the
 yield (onset -> quiet) and the gap (quiet -> resumed).
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.runtime.bargein import BargeIn, BargeInMetrics
+from agent.runtime.speech import SpeechOutput, UtteranceStatus
+from agent.runtime.vad import SileroVAD, VADParams
 from tts_service.client import TTSClient
 
-from .bargein import BargeIn, BargeInMetrics
 from .sounds import cough, noise_burst
-from .speech import SpeechOutput, UtteranceStatus
-from .vad import SileroVAD, VADParams
 
 __all__ = ["REPLY", "SOUNDS", "FalseRun", "compare_played", "run_false_interruption", "simulate_false"]
 

@@ -1,0 +1,494 @@
+"""Echo cancellation at the agent, with the exact reference: the bot's own audio, as it was played.
+
+A caller on loudspeakers or a speakerphone sends the bot's voice back to the agent; a VAD that
+hears it stops the bot (a self-interruption) and the STT answers the bot's own words. The
+caller's device may cancel it, or may not (a speakerphone with a weak canceller, a phone line
+with echo, a browser whose canceller suppresses the caller as well). The agent holds what no
+device has: every sample it handed the transport, and when. :class:`EchoCanceller` uses it.
+
+* **far end**: :meth:`EchoCanceller.far` with the bot's PCM and the time it starts playing (the
+  framework adapter models the transport's playout; :meth:`truncate_far` when a barge-in drops
+  what was queued, so the canceller never expects echo of audio that was not played);
+* **near end**: :meth:`EchoCanceller.near` with the caller's audio as it arrives; it returns the
+  cleaned audio, which the VAD, the barge-in and the STT read instead.
+
+Both sides are placed on one sample clock (``time.monotonic()`` at 16 kHz), kept continuous
+across arrival jitter. The canceller is WebRTC's AEC3 (``pywebrtc-audio``, 10 ms frames; LiveKit's
+``rtc.AudioProcessingModule`` wraps the same AEC3 and measured the same here, but it is a
+framework's SDK, which the layout keeps out of this framework-free module). AEC3 finds the echo's
+delay itself only within a limited range (docs/BENCHMARKS.md), while a browser call's round trip
+is 100-500 ms and drifts, and a phone line's may be longer; so the **bulk delay** is ours: a
+GCC-PHAT cross-correlation of the microphone and the reference over the last seconds
+(:class:`DelayEstimator`), and the reference is handed to AEC3 shifted so that what is left of the
+delay is within AEC3's reach (the shift changes only when the delay leaves it: each change costs
+AEC3 a re-convergence).
+
+**No echo at all** (headphones, a device that cancels its own) is the common case, and AEC3 left
+without an echo path still ducks a caller who talks over the bot; so after 1.5 s of the bot's audio
+with no echo located the caller's audio passes untouched (AEC3 keeps running, and an echo that
+appears later is located and cancelled from then on).
+
+**What is left of the echo** must not count as a caller either. Per 10 ms frame the canceller
+predicts the echo's level at the microphone from the reference (its level at the estimated delay
+plus the measured echo return loss) and what should remain of it after cancellation (less the
+measured enhancement). A frame whose cleaned level is not clearly above that prediction, while the
+bot's audio is arriving, is **echo residue** and is passed on muted (``gate_residue``): the VAD,
+the barge-in and the STT never see it, and a caller speaking over the bot (double talk) is well
+above it and passes. :func:`echo_transcript` is the last check: a transcript that only repeats
+words the bot just played is not a caller's turn.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["DelayEstimator", "EchoCanceller", "EchoStats", "echo_transcript"]
+
+RATE = 16000  # the canceller's own rate: what the VAD and the STT read
+FRAME = RATE // 100  # AEC3 works on 10 ms frames
+_FLOOR_DB = -90.0
+SPREAD = RATE * 120 // 1000  # samples either side of the estimated delay the echo may come from
+MIN_MEASURED = 10  # echo-only frames before the measured ERL/ERLE are trusted
+HISTORY = 50  # delay estimates kept in EchoStats.delay_history
+ABSENT_FRAMES = 150  # 10 ms frames of the bot arriving without an echo located: there is none
+CONVERGED_FRAMES, CONVERGED_DB = 100, 15.0  # 1 s of echo cancelled by this much: AEC3 has converged
+BAND_HZ = (200.0, 3400.0)  # what the delay estimator compares: the band of every path, phones included
+
+
+def _db(x: np.ndarray) -> float:
+    p = float(np.mean(x.astype(np.float64) ** 2)) if x.size else 0.0
+    return 10.0 * np.log10(p) if p > 1e-9 else _FLOOR_DB
+
+
+@dataclass
+class EchoStats:
+    """What the canceller saw in one call: the figures the benchmark and the tests read."""
+
+    frames: int = 0  # 10 ms near-end frames processed
+    far_frames: int = 0  # of them, with the bot's audio arriving as echo
+    muted_frames: int = 0  # echo residue passed on muted
+    delay_ms: float | None = None  # the echo delay last estimated
+    delay_updates: int = 0
+    erl_db: float | None = None  # echo return loss: reference -> microphone
+    erle_db: float | None = None  # echo return loss enhancement: microphone -> cleaned
+    cpu_s: float = 0.0  # thread CPU time spent in near() and far()
+    first_far_t: float | None = None  # sample-clock time of the first bot audio (s)
+    delay_history: list[tuple[float, float, float]] = field(default_factory=list)  # (t, ms, confidence)
+
+
+class DelayEstimator:
+    """The echo's bulk delay: GCC-PHAT between microphone and reference, over the last ``window_s``.
+
+    PHAT weighting whitens both spectra, so the peak is sharp for speech (whose low frequencies
+    would otherwise smear it) and its height against the rest of the correlation says how sure
+    it is. A new estimate is accepted only when it is sure and, to spare AEC3 a re-convergence
+    for jitter, when it moved by more than ``hysteresis_ms`` (or is the first).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_delay_ms: float = 800.0,
+        window_s: float = 2.0,
+        min_confidence: float = 8.0,
+        first_confidence: float = 11.0,
+        hysteresis_ms: float = 30.0,
+    ) -> None:
+        self.max_lag = int(RATE * max_delay_ms / 1000)
+        self.window = int(RATE * window_s)
+        self.min_confidence = min_confidence
+        self.first_confidence = first_confidence
+        self.hysteresis = int(RATE * hysteresis_ms / 1000)
+        self.delay: int | None = None  # samples
+        self._candidate: int | None = None  # a sure estimate waiting for a second one to agree
+
+    def estimate(self, near: np.ndarray, ref: np.ndarray) -> tuple[int, float]:
+        """``near``: the last ``window`` mic samples; ``ref``: the ``max_lag + window`` reference
+        samples that end with them.
+
+        Returns (delay in samples, confidence: peak over the correlation's mean absolute value).
+        """
+        n = len(near)
+        size = 1 << int(np.ceil(np.log2(len(ref) + n)))
+        cross = np.conj(np.fft.rfft(near, size)) * np.fft.rfft(ref, size)
+        # PHAT over the band every path carries (a phone line stops at 3.4 kHz, and whitening bins
+        # that hold nothing but noise drowns the peak), regularised where both are faint
+        freqs = np.fft.rfftfreq(size, 1.0 / RATE)
+        mag = np.abs(cross)
+        cross = np.where((freqs >= BAND_HZ[0]) & (freqs <= BAND_HZ[1]), cross / (mag + 1e-3 * mag.mean() + 1e-12), 0)
+        corr = np.fft.irfft(cross, size)[: self.max_lag + 1]  # corr[k]: near[t] against ref[t + k]
+        k = int(np.argmax(corr[1:])) + 1  # corr[0] (the window's far edge) picks up the reference's start
+        confidence = float(corr[k] / (np.mean(np.abs(corr)) + 1e-12))
+        return self.max_lag - k, confidence
+
+    def update(self, near: np.ndarray, ref: np.ndarray) -> tuple[int, float] | None:
+        """Estimate; return (delay, confidence) when it is adopted, else None.
+
+        A delay (the first one too) is adopted only when two sure estimates in a row agree on it:
+        one window of the caller talking over the bot, of the bot's own pauses, or of a call's first
+        second (little echo in it yet) can put a false peak above the threshold once, and every
+        adopted move costs AEC3 a re-convergence.
+        """
+        delay, confidence = self.estimate(near, ref)
+        # finding an echo where there was none costs more (the caller is then ducked by AEC3) than
+        # finding it half a second later: the first location asks for a surer peak
+        if confidence < (self.min_confidence if self.delay is not None else self.first_confidence):
+            return None
+        if self.delay is not None and abs(delay - self.delay) <= self.hysteresis:
+            self._candidate = None
+            return None
+        candidate, self._candidate = self._candidate, delay
+        if candidate is None or abs(candidate - delay) > self.hysteresis:
+            return None  # the first estimate too: early in a call a window holds little echo
+        self.delay, self._candidate = delay, None
+        return delay, confidence
+
+
+class _Ring:
+    """The reference on the sample clock: absolute sample index -> value, the last ``size`` samples."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.buf = np.zeros(size, np.float32)
+        self.end = 0  # absolute index after the last written sample (what is after it is silence)
+
+    def write(self, start: int, x: np.ndarray) -> None:
+        if start > self.end:  # silence between the last audio and this
+            self._zero(self.end, start)
+        if len(x) > self.size:  # only the last ``size`` samples can be kept
+            start, x = start + len(x) - self.size, x[-self.size :]
+        idx = np.arange(start, start + len(x)) % self.size
+        self.buf[idx] = x
+        self.end = max(self.end, start + len(x))
+
+    def truncate(self, at: int) -> None:
+        """Nothing from ``at`` on was played."""
+        if at < self.end:
+            self._zero(max(at, self.end - self.size), self.end)
+            self.end = at
+
+    def _zero(self, a: int, b: int) -> None:
+        a = max(a, b - self.size)
+        if b > a:
+            self.buf[np.arange(a, b) % self.size] = 0.0
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        out = np.zeros(max(0, b - a), np.float32)
+        lo, hi = max(a, self.end - self.size), min(b, self.end)
+        if hi > lo:
+            out[lo - a : hi - a] = self.buf[np.arange(lo, hi) % self.size]
+        return out
+
+
+class _Stream:
+    """One side's position on the sample clock: continuous, re-placed only across a real gap.
+
+    Audio is continuous on both sides (a transport plays, and a microphone captures, every
+    sample in turn) while the times the agent sees it at are not: a busy event loop hands on a
+    second of audio in bursts, 100-400 ms apart. So a piece goes right after the previous one,
+    never back in time, and is placed by its own time only when that is ``resync_s`` later than
+    continuity would put it (the bot fell silent, the line dropped audio). What that leaves of a
+    misplacement is a delay, and the delay is the estimator's to find.
+    """
+
+    def __init__(self, resync_s: float) -> None:
+        self.next: int | None = None
+        self.resync = int(RATE * resync_s)
+
+    def place(self, t: float, n: int) -> int:
+        """Where ``n`` samples that start at time ``t`` go."""
+        at = round(t * RATE)
+        if self.next is not None and at <= self.next + self.resync:
+            at = self.next
+        self.next = at + n
+        return at
+
+
+class _Capture:
+    """The near end's position on the sample clock, from the count of samples and their arrival times.
+
+    The caller's audio is captured in real time but reaches the agent late by a varying amount:
+    a busy event loop delivers it in bursts, and a call's first packets often wait longest (0.5 s
+    here). The least-delayed arrival tells best when a sample was captured, so the clock's offset
+    is the smallest ``arrival - captured count`` seen, allowed to creep up by ``creep_ms_per_s``
+    (a sound card's clock against ours, lost packets) so it never sticks to one lucky packet.
+    """
+
+    def __init__(self, creep_ms_per_s: float = 1.0, move_ms: float = 20.0) -> None:
+        self.count = 0
+        self.offset: float | None = None  # seconds: capture time of sample 0 (the estimate)
+        self.applied: float | None = None  # the offset the placement uses
+        self.creep = creep_ms_per_s / 1000.0
+        self.move = move_ms / 1000.0
+        self._last_t: float | None = None
+
+    def place(self, t_end: float, n: int) -> int:
+        """Where ``n`` samples whose last one arrived at ``t_end`` go.
+
+        The placement follows the estimate only when it moved by more than ``move_ms``: AEC3
+        takes a fixed offset in its stride, while one that wanders by the arrival jitter (a few ms
+        to and fro) keeps it from converging.
+        """
+        self.count += n
+        o = t_end - self.count / RATE
+        if self.offset is None:
+            self.offset = self.applied = o
+        else:
+            self.offset = min(o, self.offset + self.creep * max(0.0, t_end - self._last_t))
+            if abs(self.offset - self.applied) > self.move:
+                self.applied = self.offset
+        self._last_t = t_end
+        return round(self.applied * RATE) + self.count - n
+
+
+class _Resampler:
+    """int16 bytes at any rate -> float32 at RATE, streaming (soxr keeps the filter state)."""
+
+    def __init__(self) -> None:
+        self.rate: int | None = None
+        self.stream = None
+
+    def __call__(self, pcm: bytes, sample_rate: int) -> np.ndarray:
+        x = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
+        if sample_rate == RATE:
+            return x
+        if sample_rate != self.rate:
+            import soxr
+
+            self.rate, self.stream = sample_rate, soxr.ResampleStream(sample_rate, RATE, 1, dtype="float32")
+        return self.stream.resample_chunk(x)
+
+
+def _default_aec():
+    """WebRTC's AEC3 at 16 kHz mono from ``pywebrtc-audio`` (see docs/BENCHMARKS.md for why not livekit.rtc's)."""
+    import pywebrtc_audio
+
+    return pywebrtc_audio.EchoCanceller(sample_rate=RATE, num_channels=1)
+
+
+class EchoCanceller:
+    """One call's echo canceller (see the module docstring). Not thread-safe: one event loop drives it.
+
+    ``gate_residue``: pass frames judged echo residue on muted. ``residue_margin_db``: how far
+    above the predicted residue a frame must be to count as the caller. ``clock``: the time
+    source of :meth:`far` and :meth:`near` when they are given no time (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_delay_ms: float = 800.0,
+        aec_reach_ms: float = 400.0,
+        gate_residue: bool = True,
+        residue_margin_db: float = 6.0,
+        estimate_every_s: float = 0.25,
+        clock=time.monotonic,
+        aec_factory=_default_aec,
+    ) -> None:
+        self._aec_factory = aec_factory
+        self._aec = aec_factory()
+        self._clock = clock
+        self.delay = DelayEstimator(max_delay_ms=max_delay_ms)
+        self.reach = int(RATE * aec_reach_ms / 1000)
+        self.gate_residue = gate_residue
+        self.residue_margin_db = residue_margin_db
+        self._estimate_every = int(RATE * estimate_every_s)
+        self._since_estimate = 0
+        history = self.delay.max_lag + self.delay.window + RATE
+        self._ref = _Ring(history)
+        self._mic = _Ring(self.delay.window + RATE)
+        self._far_at = _Stream(resync_s=0.25)
+        self._near_at = _Capture()
+        self._far_rs = _Resampler()
+        self._near_rs = _Resampler()
+        self._pending = np.zeros(0, np.float32)  # near samples short of a 10 ms frame
+        self._pending_at = 0  # absolute index of _pending[0]
+        self._shift = 0  # samples the reference is delayed by before AEC3
+        self._erl = deque(maxlen=200)  # mic dB - loudest reference dB, frames with the bot arriving
+        # mic dB - cleaned dB, the last echo-only frames: short, because AEC3 cancels in phases (it
+        # mutes everything at first, lets echo through while it converges, then cancels well)
+        self._erle = deque(maxlen=30)
+        self._erle_long = deque(maxlen=300)  # the same over ~3 s of echo: what a converged AEC3 does
+        self.stats = EchoStats()
+
+    # ---------------------------------------------------------------- far end
+
+    def far(self, pcm: bytes, sample_rate: int, t: float | None = None) -> None:
+        """The bot's audio (int16 mono at ``sample_rate``) that starts playing at ``t`` (clock time)."""
+        c0 = time.thread_time()
+        x = self._far_rs(pcm, sample_rate)
+        if x.size:
+            at = self._far_at.place(self._clock() if t is None else t, len(x))
+            self._ref.write(at, x)
+            if self.stats.first_far_t is None:
+                self.stats.first_far_t = at / RATE
+        self.stats.cpu_s += time.thread_time() - c0
+
+    def truncate_far(self, t: float | None = None) -> None:
+        """The transport dropped the bot's queued audio at ``t``: none of it after ``t`` will play."""
+        at = round((self._clock() if t is None else t) * RATE)
+        self._ref.truncate(at)
+        if self._far_at.next is not None:
+            self._far_at.next = min(self._far_at.next, at)
+
+    # ---------------------------------------------------------------- near end
+
+    def near(self, pcm: bytes, sample_rate: int, t: float | None = None) -> bytes:
+        """The caller's audio that arrived at ``t`` (its last sample); returns it cleaned, as int16 at 16 kHz."""
+        c0 = time.thread_time()
+        x = self._near_rs(pcm, sample_rate)
+        end_t = self._clock() if t is None else t
+        at = self._near_at.place(end_t, len(x))
+        self._pending_at = at - len(self._pending)  # the clock may have moved: the unfinished frame with it
+        self._pending = np.concatenate([self._pending, x])
+        whole = len(self._pending) // FRAME * FRAME
+        out = np.empty(whole, np.float32)
+        for i in range(0, whole, FRAME):
+            out[i : i + FRAME] = self._frame(self._pending_at + i, self._pending[i : i + FRAME])
+        self._pending, self._pending_at = self._pending[whole:], self._pending_at + whole
+        self.stats.cpu_s += time.thread_time() - c0
+        return (np.clip(out, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+
+    def _frame(self, at: int, mic: np.ndarray) -> np.ndarray:
+        self._mic.write(at, mic)
+        self._since_estimate += FRAME
+        if self._since_estimate >= self._estimate_every:
+            self._since_estimate = 0
+            self._estimate(at + FRAME)
+        ref = self._ref.read(at - self._shift, at - self._shift + FRAME)
+        r16 = (np.clip(ref, -1, 1) * 32767).astype(np.int16)
+        m16 = (np.clip(mic, -1, 1) * 32767).astype(np.int16)
+        out = np.asarray(self._aec.process(m16, r16), np.int16).reshape(-1).astype(np.float32) / 32768.0
+        self.stats.frames += 1
+        judged = self._judge(at, mic, out)
+        if self.delay.delay is None and self.stats.far_frames >= ABSENT_FRAMES:
+            # No echo found in seconds of the bot talking: headphones, or a device that cancels
+            # its own. AEC3 (never converged) would still duck a caller who talks over the bot,
+            # so the caller's audio passes as it came; AEC3 keeps running should echo appear.
+            return mic
+        return judged
+
+    def _estimate(self, now: int) -> None:
+        """Re-estimate the bulk delay from the last window, when the bot was audible in it."""
+        d = self.delay
+        ref = self._ref.read(now - d.window - d.max_lag, now)
+        if _db(ref[-d.window :]) < -50.0:
+            return
+        near = self._mic.read(now - d.window, now)
+        adopted = d.update(near, ref)
+        if adopted is not None:
+            delay, confidence = adopted
+            self._retarget(delay)
+            self._erl.clear()  # levels measured against the old delay's reference are not this one's
+            self._erle.clear()
+            self._erle_long.clear()
+            self.stats.delay_ms = 1000.0 * delay / RATE
+            self.stats.delay_updates += 1
+            self.stats.delay_history.append((now / RATE, self.stats.delay_ms, round(confidence, 1)))
+            del self.stats.delay_history[:-HISTORY]  # a long call keeps the last ones
+
+    def _retarget(self, delay: int) -> None:
+        """Shift the reference only when AEC3 cannot reach the delay from where it is.
+
+        Each shift makes AEC3 converge again (~0.5 s of weak cancellation here), so a delay that
+        AEC3 already covers (``reach``, with a little room on the near side) keeps the shift it has;
+        one out of reach gets a shift that puts it mid-reach, where drift has room both ways.
+        """
+        residual = delay - self._shift
+        if not RATE // 50 <= residual <= self.reach:
+            shift = max(0, delay - self.reach // 2)
+            if shift != self._shift:
+                self._shift = shift
+                # AEC3 re-finds a moved delay slowly (seconds of weak cancellation here); a new one
+                # converges as at the call's start (pywebrtc-audio's reset() left it diverged here)
+                self._aec = self._aec_factory()
+
+    def _loudest_db(self, at: int) -> float:
+        """The loudest 10 ms of the bot that may be arriving as echo at ``at``.
+
+        Around the estimated delay (± ``SPREAD``: an estimate is seldom that far off, and a room's
+        tail adds to it), or over the whole search range while the echo is not located. A maximum,
+        not the level at one lag, so a wrong estimate makes the gate stricter, never blind.
+        """
+        delay = self.delay.delay
+        lo, hi = (self.delay.max_lag, 0) if delay is None else (delay + SPREAD, max(0, delay - SPREAD))
+        span = (lo - hi) // FRAME * FRAME + FRAME
+        blocks = self._ref.read(at - hi + FRAME - span, at - hi + FRAME).reshape(-1, FRAME)
+        p = float(np.max(np.mean(blocks.astype(np.float64) ** 2, axis=1)))
+        return 10.0 * np.log10(p) if p > 1e-9 else _FLOOR_DB
+
+    def _erle_now(self) -> float:
+        """What AEC3 removes now. Until it has converged (a fresh canceller lets echo through for a
+        while before it cancels well) pessimistically, a low percentile of the last frames; once it
+        has, the median of the last seconds, so a caller talking over the bot (whose frames look
+        like echo that was not removed) does not talk the gate into muting them too."""
+        if len(self._erle_long) >= CONVERGED_FRAMES and float(np.median(self._erle_long)) >= CONVERGED_DB:
+            return float(np.median(self._erle_long))
+        return float(np.percentile(self._erle, 10)) if len(self._erle) >= MIN_MEASURED else 0.0
+
+    def _judge(self, at: int, mic: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Track ERL/ERLE on echo-only frames; mute a frame that is echo residue (see the module docstring).
+
+        Until enough echo-only frames are measured (the call's first bot audio, a moved delay) the
+        echo is assumed as loud as the bot and not cancelled at all: a caller must then be louder
+        than the bot itself to pass, for the first tenth of a second of echo that takes.
+        """
+        ref_db = self._loudest_db(at)
+        if ref_db <= -60.0:
+            return out  # no bot audio arriving: nothing to judge
+        self.stats.far_frames += 1
+        mic_db, out_db = _db(mic), _db(out)
+        # how loud the echo gets against the bot: a high percentile of the frames below (a caller
+        # speaking is neither cancelled nor far below the bot, and stays out)
+        erl = float(np.percentile(self._erl, 90)) if len(self._erl) >= MIN_MEASURED else 0.0
+        erle = self._erle_now()  # frames AEC3 silenced outright say nothing of it: left out below
+        predicted = ref_db + erl  # the loudest the echo may be at the mic
+        # frames that bound the echo: AEC3 took most of it (mostly echo), or the mic is far quieter
+        # than the bot (whatever echo there is lies below it: headphones, a good device canceller)
+        if mic_db - out_db >= 6.0 or mic_db - ref_db <= -20.0:
+            self._erl.append(max(mic_db, _FLOOR_DB + 5.0) - ref_db)
+        if mic_db <= predicted + 3.0:  # no louder than the echo: an echo-only frame
+            if out_db > _FLOOR_DB + 5.0:
+                self._erle.append(mic_db - out_db)
+                self._erle_long.append(mic_db - out_db)
+        self.stats.erl_db = erl if len(self._erl) >= MIN_MEASURED else None
+        self.stats.erle_db = erle if len(self._erle) >= MIN_MEASURED else None
+        if self.gate_residue and out_db < predicted - erle + self.residue_margin_db:
+            self.stats.muted_frames += 1
+            return np.zeros_like(out)
+        return out
+
+
+# ---------------------------------------------------------------- transcripts
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def echo_transcript(transcript: str, played: str, *, min_words: int = 2, share: float = 0.8) -> bool:
+    """Whether ``transcript`` only repeats words the bot just played (``played``, the last seconds of its text).
+
+    True when it has at least ``min_words`` words and at least ``share`` of them appear, in order,
+    in ``played``: what a microphone hears of a loudspeaker comes back as the bot's own words with
+    a few misheard. One or two words of the caller's own ("yes", "Paris") are not judged echo.
+    """
+    said, heard = _words(transcript), _words(played)
+    if len(said) < min_words or not heard:
+        return False
+    j = matched = 0
+    for w in said:  # greedy in-order match: each heard word is used once
+        k = j
+        while k < len(heard) and heard[k] != w:
+            k += 1
+        if k < len(heard):
+            matched += 1
+            j = k + 1
+    return matched >= share * len(said)
