@@ -1,7 +1,7 @@
 """Yield, then confirm: the bot pauses at the VAD's first speech window, resumes on a cough.
 
 Real parts: the TTS server (``tts_server``), the Silero VAD, a real-time ArraySink, and caller
-sounds that go through the VAD: a band-limited noise burst, a synthetic cough (agent/sounds.py)
+sounds that go through the VAD: a band-limited noise burst, a synthetic cough (sim/sounds.py)
 and real speech from the bundled voice. "Nothing lost, nothing twice" is checked sample by
 sample: what the device played equals what the server sent, except the two short fade ramps.
 """
