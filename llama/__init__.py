@@ -9,6 +9,7 @@ and the apps should not reach into an engine package for it.
 * :mod:`llama.config` - :class:`LlamaConfig` (HF ``config.json`` and GGUF metadata in and out),
   :class:`Sampling`, :class:`ConfigError`. Plain Python: importing this package needs no torch.
 * :mod:`llama.rope` - rotary-embedding tables (torch).
+* :mod:`llama.attention` - grouped-query attention, query groups folded into the query length (torch).
 * :mod:`llama.sampler` - repetition penalty, top-p, the draw (torch).
 
 This package imports nothing else of the repository.

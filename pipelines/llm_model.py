@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from llama import ConfigError, LlamaConfig
+from llama.attention import grouped_attention
 from llama.rope import angles, rotate_half
 
 GROUP = 32  # Q4_1/Q8_0 block length: values per scale
@@ -350,12 +351,8 @@ class Llama:
                     is_causal=True,
                 )
                 o = o[0].transpose(0, 1).reshape(T, H * hd)
-            else:
-                # Query head h = j*G + g uses KV head j: fold G into the query length, read each KV
-                # head once. 4-D inputs: with 3-D ones SDPA takes its slow "math" path on the CPU.
-                qg = q.view(T, KV, G, hd).permute(1, 2, 0, 3).reshape(1, KV, G * T, hd)
-                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
-                o = o.view(KV, G, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd)
+            else:  # each KV head read once for its G query heads (mask rows ordered (g, t), as built above)
+                o = grouped_attention(q[None], keys, values, mask)[0]
             x = x + layer.wo(o)
             h = F.rms_norm(x, (cfg.dim,), layer.ffn_norm, cfg.norm_eps).to(self.dtype)
             gate, up = layer.w13(h).chunk(2, dim=-1)

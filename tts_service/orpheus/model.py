@@ -12,7 +12,8 @@ a leading slice is a view. The engine hands out the lowest free slot, so ``n`` s
 the number of live streams; idle rows inside ``[0, n)`` compute garbage that nobody reads.
 
 Attention folds GQA into the query length - q [B, H, T, D] becomes [B, KV, G*T, D] - so each KV
-head is read once for its G query heads, with any SDPA backend and no ``repeat_interleave``.
+head is read once for its G query heads, with any SDPA backend and no ``repeat_interleave``
+(:mod:`llama.attention`, which the local LLM's CPU model uses too).
 
 Layouts follow HF transformers (rotate-half RoPE on the checkpoint's own q/k layout, tables from
 :mod:`llama.rope`); q/k/v and gate/up are fused into one matmul each, the loader concatenates the
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from llama.attention import grouped_attention
 from llama.rope import angles, rotate_half
 
 from .config import LlamaConfig, validate
@@ -95,12 +97,7 @@ class Attention(nn.Module):
             row_slice, S = read
             keys = self.cache.k[row_slice, :, :S]  # [B, KV, S, hd], a view
             values = self.cache.v[row_slice, :, :S]
-        G = self.n_heads // self.n_kv
-        # Query heads h = j*G + g share KV head j (HF's repeat_kv order): fold G into the length.
-        qg = q.transpose(1, 2).reshape(B, self.n_kv, G * T, self.hd)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
-        out = out.view(B, self.n_heads, T, self.hd).transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
-        return self.wo(out)
+        return self.wo(grouped_attention(q, keys, values, mask))
 
 
 class MLP(nn.Module):
