@@ -51,7 +51,7 @@ Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our def
 * ``interruption.min_duration = 0.2`` s (framework default 0.5, ``MIN_INTERRUPTION_DURATION``): how
   long the caller must speak over the agent before it *yields*. With a pausable output (a room)
   that is only a pause - the interruption waits for a transcript (below) - so it can be short: the
-  agent fell quiet 0.28 s after the caller's onset instead of 0.56 s (docs/BENCHMARKS.md, "LiveKit").
+  agent falls quiet about twice as soon after the caller's onset (docs/BENCHMARKS.md, "LiveKit worker").
   An output that cannot pause interrupts at once after it, so a cough may cost the reply there;
   Silero's own ``min_speech_duration`` (0.05 s) only gates speech start.
 * ``aec_warmup_duration = 3.0`` s (framework default, ``AEC_WARMUP_DURATION``): a one-shot window,
@@ -64,8 +64,9 @@ Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our def
   (framework default 2.0, ``FALSE_INTERRUPTION_TIMEOUT``): a room output first *pauses* on VAD
   speech; if no transcript arrives within the timeout (counted from the VAD's end of speech) the
   agent resumes where it paused, otherwise the reply is interrupted - and only then is the TTS
-  stream closed, which streamvox turns into an acknowledged cancel. 1.0 s still covers Whisper
-  on a short utterance here (~0.1-0.3 s) and halves the gap a cough leaves (2.7 s at 2.0).
+  stream closed, which streamvox turns into an acknowledged cancel. 1.0 s still covers Whisper's
+  decode of a short utterance and shortens the gap a cough leaves (figures: docs/BENCHMARKS.md,
+  "LiveKit Agents' own false-interruption settings").
   Outputs that cannot pause interrupt at once.
 * ``turn_detection = "vad"`` with endpointing ``min_delay = 0.5`` s: the default turn detector of
   1.8.9 is LiveKit Inference (cloud) or a downloaded local model; VAD silence needs neither.
