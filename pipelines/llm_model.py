@@ -1,14 +1,15 @@
 """A small Llama (SmolLM2) for the CPU: weights read from GGUF, int4 matmuls, a conversation KV cache.
 
-Why not transformers' ``generate``: a float32 model reads ~540 MB of weights per token, which
-this machine's memory bandwidth (~19 GB/s) caps at ~35 tokens/s whatever the framework (figures:
-docs/BENCHMARKS.md, "Local LLM"). The checkpoint is Q4_1 (4-bit codes with a scale and a minimum
-per block of 32), and torch's CPU kernel ``_weight_int4pack_mm_for_cpu`` computes
-``x @ ((q - 8) * scale + zero)`` for exactly that grouping. So decoding keeps the GGUF's own codes
-(``zero = min + 8 * scale``; scale/zero rounded to bf16, the kernel's dtype) and reads ~70 MB per
-token instead of 540. That kernel is a matrix-vector one; prefills of more than a few tokens run
-a bf16 GEMM on the same weights instead. Activations are bf16 (this CPU has AVX512-BF16), the
-residual stream float32. The tied embedding/head is Q8_0 in the file; the head runs as int8.
+Why not transformers' ``generate``: decoding one token reads every weight once, so it is bound by
+memory bandwidth, and a float32 model reads ~540 MB a token (135 M parameters x 4 bytes): a few
+tens of tokens/s on a CPU whatever the framework (figures: docs/BENCHMARKS.md, "Local LLM"). The
+checkpoint is Q4_1 (4-bit codes with a scale and a minimum per block of 32), and torch's CPU kernel
+``_weight_int4pack_mm_for_cpu`` computes ``x @ ((q - 8) * scale + zero)`` for exactly that
+grouping. So decoding keeps the GGUF's own codes (``zero = min + 8 * scale``; scale/zero rounded to
+bf16, the kernel's dtype) and reads ~70 MB per token instead of 540. That kernel is a matrix-vector
+one; prefills of more than a few tokens run a bf16 GEMM on the same weights instead. Activations
+are bf16 (this CPU has AVX512-BF16), the residual stream float32. The tied embedding/head is Q8_0
+in the file; the head runs as int8.
 
 A ``precision="fp32"`` model de-quantises everything to float32 (the values transformers loads
 from the same file): it is the reference the tests compare with transformers, not a serving mode.
