@@ -386,7 +386,7 @@ async def simulate(
     audio = caller_audio if caller_audio is not None else synthesize_speech()
     metrics = BargeInMetrics()
     results: list[ScenarioResult] = []
-    async with TTSClient(url, cancel_timeout=cancel_timeout) as client:
+    async with TTSClient(url, cancel_ack_timeout_s=cancel_timeout) as client:
         output = make_output(fade_ms=fade_ms)
         barge = BargeIn(
             output,

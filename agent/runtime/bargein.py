@@ -10,7 +10,7 @@ the caller has spoken for ``min_speech_ms``), :class:`BargeIn` does, in this ord
 3. the client **drops and counts every frame of that context** still arriving (it gated the
    context in step 2, before any await), and so does :class:`~agent.runtime.speech.SpeechOutput` for a
    frame already on its way to the jitter buffer;
-4. **await the server's ``cancelled`` ack**, bounded by ``TTSClient(cancel_timeout=...)``; on a
+4. **await the server's ``cancelled`` ack**, bounded by ``TTSClient(cancel_ack_timeout_s=...)``; on a
    timeout the client drops the connection and reconnects in the background, and this is logged;
 5. only then **mark the turn ready** (:meth:`BargeIn.wait_ready`): the next reply starts on a
    clean pipeline and, normally, on the same connection.
@@ -93,7 +93,7 @@ class BargeInOptions:
     ``min_speech_ms`` (200 ms by default) already applies; a larger value here waits longer (the
     bot keeps talking over a cough); 0 barges in as soon as the VAD declares speech.
     ``fade``: soft stop (``SpeechOutput.fade_ms``) instead of a hard cut.
-    ``ack_grace_s``: extra wait beyond the client's ``cancel_timeout`` before giving up on a
+    ``ack_grace_s``: extra wait beyond the client's ``cancel_ack_timeout_s`` before giving up on a
     cancel task that neither acked nor timed out (a safety net, never reached normally).
     ``yield_on_onset``: pause at the VAD's first speech window (yield, then confirm);
     ``resume_after_ms``: a pause not confirmed within this long of the onset resumes."""
@@ -556,11 +556,11 @@ class BargeIn:
     async def _complete(self, cut: _Cut) -> None:
         ctx = cut.utt.context
         client = ctx.client
-        # 4. the ack, bounded: the client times out after its cancel_timeout and reconnects
+        # 4. the ack, bounded: the client times out after its cancel_ack_timeout_s and reconnects
         result: CancelResult | None = None
         try:
             result = await asyncio.wait_for(
-                asyncio.shield(cut.cancel), client.cancel_timeout + self.options.ack_grace_s
+                asyncio.shield(cut.cancel), client.cancel_ack_timeout_s + self.options.ack_grace_s
             )
         except TimeoutError:
             log.error("barge-in: cancel of %s neither acked nor timed out; giving up", ctx.context_id)
@@ -600,7 +600,7 @@ class BargeIn:
     @staticmethod
     def _outcome(cut: _Cut, result: CancelResult | None) -> Outcome:
         ctx_id = cut.utt.context.context_id
-        timeout = cut.utt.context.client.cancel_timeout
+        timeout = cut.utt.context.client.cancel_ack_timeout_s
         if result is not None and result.acked and cut.connected:
             # a context the server had finished needs no cancel there: acked at once, locally
             return "finished" if cut.finished_on_server else "acked"

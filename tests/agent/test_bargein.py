@@ -232,7 +232,7 @@ async def test_utterance_that_denies_interruption_plays_to_the_end(tts_server, s
 
 async def test_cancel_without_ack_times_out_reconnects_and_logs(tts_server, caplog):
     out = make_output(SR)
-    async with TTSClient(tts_server.url, cancel_timeout=0.3) as client, out:
+    async with TTSClient(tts_server.url, cancel_ack_timeout_s=0.3) as client, out:
         barge = BargeIn(out)
         utt = await out.say(client, LONG_ANSWER)
         await utt.wait_playing(30)
