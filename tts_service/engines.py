@@ -86,14 +86,18 @@ def entry(name: str) -> ModuleType:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Every registered engine's options on ``parser`` (one argument group each). An engine whose
-    module cannot be imported adds none: the others still work, and ``build`` says why."""
+    module cannot be imported adds none, and one whose option clashes with another's stops at
+    that option: the others still work, and ``build`` says what is wrong."""
     for name in names():
         try:
             module = entry(name)
         except EngineSetupError as exc:
             log.debug("engine %s offers no options: %s", name, exc)
             continue
-        module.add_args(parser)
+        try:
+            module.add_args(parser)
+        except argparse.ArgumentError as exc:  # a third engine's option clashes: the rest still works
+            log.warning("engine %s: its options are not all added (%s); rename the clashing one", name, exc)
 
 
 def describe() -> str:
