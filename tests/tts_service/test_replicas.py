@@ -213,7 +213,7 @@ async def test_a_replica_that_accepts_but_never_answers_is_skipped(engine) -> No
     hung_url = f"ws://127.0.0.1:{hung.sockets[0].getsockname()[1]}{P.WS_PATH}"
     try:
         async with replicas(engine, ["127.0.0.1"], max_streams=4) as (live,):
-            client = TTSClient([hung_url, live.ws_url], probe_timeout_s=0.3, connect_timeout=1.0)  # type: ignore[attr-defined]
+            client = TTSClient([hung_url, live.ws_url], probe_timeout_s=0.3, connect_timeout_s=1.0)  # type: ignore[attr-defined]
             try:
                 t0 = time.monotonic()
                 ctx, frames = await speak(client, SHORT, pace=False)

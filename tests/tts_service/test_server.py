@@ -270,7 +270,7 @@ async def test_non_ascii_text_up_to_the_limit_is_accepted(engine: PiperEngine) -
 
 
 async def test_client_raises_context_errors_at_once(live: RunningServer) -> None:
-    async with TTSClient(live.ws_url, open_timeout=3.0) as client:
+    async with TTSClient(live.ws_url, open_timeout_s=3.0) as client:
         t0 = time.monotonic()
         with pytest.raises(TTSError) as info:
             await client.open(voice="nobody")
