@@ -37,6 +37,7 @@ import itertools
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from typing import Any
 import aiohttp
 
 from . import protocol as P
-from .driver import ClientDriver, ConnectionSettings, StreamvoxStats, renamed_settings
+from .driver import RENAMED, ClientDriver, ConnectionSettings, StreamvoxStats, renamed_settings
 from .replicas import Replica, ReplicaSet, Resolver
 from .session import (
     DRAINING_CODE,
@@ -384,10 +385,13 @@ class TTSClient:
     def cancel_ack_timeout_s(self) -> float:
         return self.settings.cancel_ack_timeout_s
 
-    @property
-    def cancel_timeout(self) -> float:
-        """The earlier name of :attr:`cancel_ack_timeout_s` (still read by callers)."""
-        return self.settings.cancel_ack_timeout_s
+    def __getattr__(self, name: str) -> Any:
+        """The settings' earlier attribute names (``client.cancel_timeout``...), for one release."""
+        new = RENAMED.get(name)
+        if new is None or name == "reconnect_backoff_min_s":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warnings.warn(f"TTSClient.{name} is deprecated; read .settings.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(self.settings, new)
 
     @property
     def connections(self) -> int:
