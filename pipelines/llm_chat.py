@@ -280,4 +280,3 @@ class ChatEngine:
                 stats.decode_s = time.perf_counter() - t1
         finally:
             self.busy.discard(slot_i)
-

@@ -54,8 +54,15 @@ class ModelFormatError(ConfigError):
 
 # The model this runtime is tuned for (the GGUF's own metadata says the same).
 SMOLLM2_135M = LlamaConfig(
-    vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536,
-    rope_theta=100000.0, max_position=8192,
+    vocab_size=49152,
+    dim=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    head_dim=64,
+    intermediate=1536,
+    rope_theta=100000.0,
+    max_position=8192,
 )
 
 

@@ -26,8 +26,17 @@ def _llama3_scaling() -> dict:
 
 
 ORPHEUS_3B = LlamaConfig(
-    vocab_size=156940, dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, head_dim=128, intermediate=8192,
-    rope_theta=500000.0, rope_scaling=_llama3_scaling(), tie_embeddings=True, max_position=131072,
+    vocab_size=156940,
+    dim=3072,
+    n_layers=28,
+    n_heads=24,
+    n_kv_heads=8,
+    head_dim=128,
+    intermediate=8192,
+    rope_theta=500000.0,
+    rope_scaling=_llama3_scaling(),
+    tie_embeddings=True,
+    max_position=131072,
 )
 
 # Small enough that a CPU step takes milliseconds, but every code path of the 3B model is used:
