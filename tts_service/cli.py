@@ -126,17 +126,31 @@ def _plugin_commands(sub: argparse._SubParsersAction) -> None:
     ``streamvox bench`` from the bench tool).
 
     Entry points rather than an import: the server package never imports the agent side or the
-    tools, and a server-only install simply has fewer commands.
+    tools. Where one cannot load (a server-only image has no ``bench`` package, an install without
+    an extra lacks its framework) the command still exists and says why in one line, rather than
+    vanishing into argparse's "invalid choice".
     """
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="streamvox.commands"):
         try:
             add = ep.load()
-        except ImportError as exc:  # the plug-in's extras are missing: the rest still works
+        except ImportError as exc:  # the plug-in's package or extras are missing: the rest still works
             logging.getLogger(__name__).debug("streamvox command %s unavailable: %s", ep.name, exc)
+            _unavailable(sub, ep.name, exc)
             continue
         add(sub)
+
+
+def _unavailable(sub: argparse._SubParsersAction, name: str, exc: ImportError) -> None:
+    why = f"streamvox {name} is not available in this installation ({exc.name or exc}: not importable)"
+    p = sub.add_parser(name, help="(not available here)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def explain(_args: argparse.Namespace) -> int:
+        raise CliError(f"{why}; it comes with a checkout's install: pip install -e '.[dev]'")
+
+    p.set_defaults(func=explain)
 
 
 class CliError(Exception):

@@ -32,3 +32,20 @@ def test_a_bench_error_is_one_line_and_status_2(capsys):
 
     assert bench_cli._guarded(fails)(None) == 2
     assert capsys.readouterr().err == "streamvox: --streams 'x': give comma-separated integers like 1,2,4,8\n"
+
+
+def test_without_the_bench_package_the_command_says_why(monkeypatch, capsys):
+    """A server-only install (the Docker image ships no bench): ``streamvox bench`` answers in one
+    line with the reason and the fix, status 2, instead of argparse's "invalid choice"."""
+    import sys
+
+    from tts_service.cli import main
+
+    for name in [m for m in sys.modules if m == "bench" or m.startswith("bench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "bench", None)  # importing it now fails, as where it is absent
+    assert main(["bench", "load", "--streams", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("streamvox: streamvox bench is not available in this installation (bench")
+    assert "pip install -e '.[dev]'" in err and "\n" not in err
+    assert build_parser().parse_args(["serve", "--port", "1"]).port == 1  # the other commands are untouched
