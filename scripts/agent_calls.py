@@ -264,6 +264,7 @@ class Ear:
         self.caller = caller
         self.pos = 0
         self.last_voiced: float | None = None
+        self.spoke_at: float | None = None  # the last turn's first packet sent
 
     def _scan(self, after: float) -> float | None:
         """Advance over new packets; the time of the first voiced one later than ``after``, if any."""
@@ -313,7 +314,8 @@ class Ear:
                 return None
             await asyncio.sleep(0.02)
         # talking[-1] is this utterance: (its first packet's send time, its last packet's end)
-        return self.caller.talking[-1][0] + line.speech_end_s
+        self.spoke_at = self.caller.talking[-1][0]
+        return self.spoke_at + line.speech_end_s
 
 
 # ---------------------------------------------------------------- calls at once
@@ -352,16 +354,17 @@ async def one_round(demo: Demo, n: int, round_: int, lines: list[Line]) -> dict:
             *(e.first_voiced_after(end, ANSWER_TIMEOUT_S) if end else _none() for e, end in zip(ears, ends))
         )
         rss = demo.rss_mb()  # every call answered (or given up on), the replies still going
+    first_spoke = min((e.spoke_at for e in ears if e.spoke_at is not None), default=0.0)
     calls = [
         {
             "caller": line.id,
             "text": line.text,
             "greeting_s": None if g is None else round(g - dialled, 3),
             "v2v_s": None if h is None or end is None else round(h - end, 3),
-            "spoke_after_first_s": None if end is None else round(end - min(e for e in ends if e), 3),
+            "spoke_after_first_s": None if end is None else round(ear.spoke_at - first_spoke, 3),
             "hung_up": end is None,
         }
-        for line, g, end, h in zip(said, greeted, ends, heard)
+        for line, ear, g, end, h in zip(said, ears, greeted, ends, heard)
     ]
     return {"round": round_ + 1, "calls": calls, "rss_mb": round(rss, 1)}
 
