@@ -167,6 +167,7 @@ def test_worker_defaults_use_livekits_false_interruption_settings():
     assert turn_handling(min_interruption_duration=0.5)["interruption"]["min_duration"] == 0.5
 
 
+@pytest.mark.solo  # the pause's timing bound (0.15-0.8 s) is about real time: flaked at make test's load
 async def test_speech_pauses_the_agent_then_the_transcript_interrupts_it(lk_tts_server, vad_and_stt, speech):
     from sim.barge_in import synthesize_speech
 
