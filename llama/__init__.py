@@ -8,6 +8,8 @@ and the apps should not reach into an engine package for it.
 
 * :mod:`llama.config` - :class:`LlamaConfig` (HF ``config.json`` and GGUF metadata in and out),
   :class:`Sampling`, :class:`ConfigError`. Plain Python: importing this package needs no torch.
+* :mod:`llama.hf_names` - which HF tensors make up each fused matrix (q/k/v, gate/up) of a layer:
+  both loaders concatenate the same ones in the same order. Plain Python too.
 * :mod:`llama.rope` - rotary-embedding tables (torch).
 * :mod:`llama.attention` - grouped-query attention, query groups folded into the query length (torch).
 * :mod:`llama.sampler` - repetition penalty, top-p, the draw (torch).

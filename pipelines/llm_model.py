@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from llama import ConfigError, LlamaConfig
+from llama import ConfigError, LlamaConfig, hf_names
 from llama.attention import grouped_attention
 from llama.rope import angles, rotate_half
 
@@ -189,8 +189,8 @@ def read_gguf(path: str | Path) -> tuple[LlamaConfig, dict[str, Weight], dict]:
             w = torch.from_numpy(values.reshape((rows, cols) if rows > 1 else (cols,)))
         weights[_hf_name(t.name)] = w
     for layer in range(cfg.n_layers):
-        for proj, heads in (("q_proj", cfg.n_heads), ("k_proj", cfg.n_kv_heads)):
-            key = f"model.layers.{layer}.self_attn.{proj}.weight"
+        q, k, _v = hf_names.layer(layer)["wqkv"]
+        for key, heads in ((q, cfg.n_heads), (k, cfg.n_kv_heads)):
             w = weights[key]
             order = _rope_rows(w.shape[0] if isinstance(w, Tensor) else w.codes.shape[0], heads)
             weights[key] = w.take_rows(order) if isinstance(w, Q4Weight) else w[order]
@@ -199,9 +199,9 @@ def read_gguf(path: str | Path) -> tuple[LlamaConfig, dict[str, Weight], dict]:
 
 def _hf_name(name: str) -> str:
     if name == "token_embd.weight":
-        return "model.embed_tokens.weight"
+        return hf_names.EMBED
     if name == "output_norm.weight":
-        return "model.norm.weight"
+        return hf_names.NORM
     if name == "output.weight":
         raise ModelFormatError("untied output.weight is not supported (SmolLM2 ties lm_head to embed_tokens)")
     parts = name.split(".")  # blk.N.attn_q.weight
@@ -246,7 +246,7 @@ def prepare(cfg: LlamaConfig, weights: dict[str, Weight], precision: str = "int4
         else:
             out[name + ".weight"] = torch.cat([dense(x) for x in parts]).to(dtype).contiguous()
 
-    table = dense(weights["model.embed_tokens.weight"])
+    table = dense(weights[hf_names.EMBED])
     out["embed"] = table.to(dtype).contiguous()
     if quantized:
         # The tied head is the biggest matrix (28M values): a dense bf16 matmul reads 56 MB per
@@ -254,16 +254,13 @@ def prepare(cfg: LlamaConfig, weights: dict[str, Weight], precision: str = "int4
         scale = (table.abs().amax(dim=1) / 127).clamp_min(1e-12)
         out["head.q"] = torch.round(table / scale[:, None]).to(torch.int8)
         out["head.scale"] = scale.to(dtype)
-    out["norm"] = dense(weights["model.norm.weight"])  # norms are float32, like the residual stream
+    out["norm"] = dense(weights[hf_names.NORM])  # norms are float32, like the residual stream
     for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        w = [weights[p + n + ".weight"] for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]
-        linear(f"{i}.wqkv", w)
-        linear(f"{i}.wo", [weights[p + "self_attn.o_proj.weight"]])
-        linear(f"{i}.w13", [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-        linear(f"{i}.w2", [weights[p + "mlp.down_proj.weight"]])
-        out[f"{i}.attn_norm"] = dense(weights[p + "input_layernorm.weight"])
-        out[f"{i}.ffn_norm"] = dense(weights[p + "post_attention_layernorm.weight"])
+        for part, names in hf_names.layer(i).items():
+            if part in hf_names.NORMS:
+                out[f"{i}.{part}"] = dense(weights[names[0]])
+            else:
+                linear(f"{i}.{part}", [weights[n] for n in names])
     return out
 
 
@@ -418,5 +415,5 @@ def load_hf_weights(directory: Path) -> tuple[LlamaConfig, dict[str, Weight]]:
         raise ModelFormatError(f"{directory} holds no *.safetensors weights")
     weights: dict[str, Weight] = {}
     for f in files:
-        weights.update({k: v.float() for k, v in load_file(f).items() if k != "lm_head.weight"})
+        weights.update({k: v.float() for k, v in load_file(f).items() if k != hf_names.LM_HEAD})
     return cfg, weights

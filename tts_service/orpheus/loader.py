@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llama import hf_names
+
 from .config import HF_EXTRAS, PRESETS, SNAC_PRESETS, ConfigError, LlamaConfig, check_snac_config, validate
 from .model import Transformer
 from .tokens import HashTokenizer, HFTokenizer
@@ -82,48 +84,37 @@ def random_llama(preset: str | LlamaConfig, *, device="cpu", dtype="fp32", seed:
     return model
 
 
+# this model's parameter (under ``layers.{i}.``) for each part of a layer (:data:`llama.hf_names.PARTS`)
+_OURS = {
+    "wqkv": "attention.wqkv.weight",
+    "wo": "attention.wo.weight",
+    "w13": "feed_forward.w13.weight",
+    "w2": "feed_forward.w2.weight",
+    "attn_norm": "attention_norm.weight",
+    "ffn_norm": "ffn_norm.weight",
+}
+
+
 def _hf_to_ours(cfg: LlamaConfig, get) -> dict[str, torch.Tensor]:
     """HF tensor names -> this model's (q/k/v and gate/up fused). ``get(name)`` reads one tensor."""
-    out = {"tok_embeddings.weight": get("model.embed_tokens.weight"), "norm.weight": get("model.norm.weight")}
+    out = {"tok_embeddings.weight": get(hf_names.EMBED), "norm.weight": get(hf_names.NORM)}
     if not cfg.tie_embeddings:
-        out["output.weight"] = get("lm_head.weight")
+        out["output.weight"] = get(hf_names.LM_HEAD)
     for i in range(cfg.n_layers):
-        hf, us = f"model.layers.{i}.", f"layers.{i}."
-        a, m = hf + "self_attn.", hf + "mlp."
-        out[us + "attention_norm.weight"] = get(hf + "input_layernorm.weight")
-        out[us + "ffn_norm.weight"] = get(hf + "post_attention_layernorm.weight")
-        out[us + "attention.wqkv.weight"] = torch.cat(
-            [get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]
-        )
-        out[us + "attention.wo.weight"] = get(a + "o_proj.weight")
-        out[us + "feed_forward.w13.weight"] = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")])
-        out[us + "feed_forward.w2.weight"] = get(m + "down_proj.weight")
+        for part, names in hf_names.layer(i).items():
+            parts = [get(n) for n in names]
+            out[f"layers.{i}.{_OURS[part]}"] = torch.cat(parts) if len(parts) > 1 else parts[0]
     return out
 
 
 def _ours_to_hf(model: Transformer) -> dict[str, torch.Tensor]:
     cfg, sd = model.cfg, model.state_dict()
-    q, kv, inter = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    out = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"]}
+    out = {hf_names.EMBED: sd["tok_embeddings.weight"], hf_names.NORM: sd["norm.weight"]}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = sd["output.weight"]
+        out[hf_names.LM_HEAD] = sd["output.weight"]
     for i in range(cfg.n_layers):
-        hf, us = f"model.layers.{i}.", f"layers.{i}."
-        wq, wk, wv = sd[us + "attention.wqkv.weight"].split([q, kv, kv])
-        gate, up = sd[us + "feed_forward.w13.weight"].split([inter, inter])
-        out.update(
-            {
-                hf + "input_layernorm.weight": sd[us + "attention_norm.weight"],
-                hf + "post_attention_layernorm.weight": sd[us + "ffn_norm.weight"],
-                hf + "self_attn.q_proj.weight": wq,
-                hf + "self_attn.k_proj.weight": wk,
-                hf + "self_attn.v_proj.weight": wv,
-                hf + "self_attn.o_proj.weight": sd[us + "attention.wo.weight"],
-                hf + "mlp.gate_proj.weight": gate,
-                hf + "mlp.up_proj.weight": up,
-                hf + "mlp.down_proj.weight": sd[us + "feed_forward.w2.weight"],
-            }
-        )
+        for part, names in hf_names.layer(i).items():
+            out.update(zip(names, sd[f"layers.{i}.{_OURS[part]}"].split(hf_names.rows(cfg, part)), strict=True))
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -159,7 +150,7 @@ def load_llama(directory: str | Path, *, device="cpu", dtype="bf16") -> Transfor
         raise CheckpointError(f"{d} has no *.safetensors weights{hint}")
     handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
     where = {name: h for h in handles for name in h.keys()}
-    if not cfg.tie_embeddings and "lm_head.weight" not in where:
+    if not cfg.tie_embeddings and hf_names.LM_HEAD not in where:
         log.warning("config says untied embeddings but there is no lm_head.weight: tying the head to the embedding")
         cfg = LlamaConfig(**{**cfg.as_dict(), "tie_embeddings": True})
     missing: list[str] = []
