@@ -22,7 +22,8 @@ the server sent: streamvox paces ~400 ms ahead of real time, and the transport's
   first frame it held back: nothing played twice, nothing lost, and the context gets only the
   words whose audio went out. (A first version resumed after ``resume_after_ms`` whatever the
   VAD said; in the WebRTC room test Pipecat's own VAD, with its ``min_volume``, sometimes fired
-  ~650 ms after ours, so the bot came back for a moment before the interruption.)
+  later than that after ours, so the bot came back for a moment before the interruption; the
+  runs: docs/BENCHMARKS.md, "Barge-in", in the record "Transport: audio downstream of a flush".)
 
 Figures: :attr:`YieldGate.yields` (one :class:`GateYield` per pause: onset, quiet, outcome)
 and :attr:`YieldGate.downstream_ms` (audio handed on but not yet due, sampled at each pause:

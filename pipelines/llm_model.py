@@ -249,8 +249,9 @@ def prepare(cfg: LlamaConfig, weights: dict[str, Weight], precision: str = "int4
     table = dense(weights[hf_names.EMBED])
     out["embed"] = table.to(dtype).contiguous()
     if quantized:
-        # The tied head is the biggest matrix (28M values): a dense bf16 matmul reads 56 MB per
-        # token (~2 ms here); int8 with one scale per row reads half and runs in ~0.35 ms.
+        # The tied head is the biggest matrix (28M values) and decoding is bound by the bytes it
+        # reads: int8 with one scale per row reads half of what a dense bf16 matmul does, every
+        # token (the decode speed it gives: docs/BENCHMARKS.md, "Local LLM: long calls and concurrency").
         scale = (table.abs().amax(dim=1) / 127).clamp_min(1e-12)
         out["head.q"] = torch.round(table / scale[:, None]).to(torch.int8)
         out["head.scale"] = scale.to(dtype)

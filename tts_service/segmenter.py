@@ -67,8 +67,9 @@ _CLOSERS = "\"')]}”’"
 class SegmenterOptions:
     first_clause_min_chars: int = 24  # an early clause cut only once this much text is buffered
     max_chars: int = 280  # a run-on without punctuation is cut at a word boundary here
-    # The first segment's front part runs before the first audio and costs ~0.6 ms per character
-    # on 2 cores: a long first clause would make TTFB grow with the text. Past this many
+    # The first segment's front part runs before the first audio and its cost grows with the
+    # segment's length: a long first clause would make TTFB grow with the text (first audio:
+    # docs/BENCHMARKS.md, "TTS streaming: first audio, cancel, load, vs the batch baseline"). Past this many
     # characters without a boundary, the first segment is cut at a word instead.
     first_max_chars: int = 40
     first_clause_floor_chars: int = 10  # ... preferring a clause of at least this many characters

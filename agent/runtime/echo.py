@@ -395,7 +395,8 @@ class EchoCanceller:
     def _retarget(self, delay: int) -> None:
         """Shift the reference only when AEC3 cannot reach the delay from where it is.
 
-        Each shift makes AEC3 converge again (~0.5 s of weak cancellation here), so a delay that
+        Each shift makes AEC3 converge again, cancelling weakly meanwhile (how long it takes:
+        docs/BENCHMARKS.md, "Echo: the agent's own voice (issue 18)"), so a delay that
         AEC3 already covers (``reach``, with a little room on the near side) keeps the shift it has;
         one out of reach gets a shift that puts it mid-reach, where drift has room both ways.
         """

@@ -2,9 +2,10 @@
 
 Why this exists: barge-in (the caller talking over the bot) starts here, and the two things that
 matter are *when* the caller really started speaking and *how soon* we can say so. Silero VAD is
-small (2.3 MB, ~0.3 ms per 32 ms window on one CPU core) and accurate on telephone and wide-band
-audio. Its official Python package imports torch, which an agent process should not pay for,
-so we drive the bundled ONNX graph directly with onnxruntime.
+small and cheap enough to run every 32 ms window on one CPU core beside the rest of the agent, and
+accurate on telephone and wide-band audio (what barge-in takes end to end:
+docs/BENCHMARKS.md, "Barge-in"). Its official Python package imports torch, which an agent
+process should not pay for, so we drive the bundled ONNX graph directly with onnxruntime.
 
 Model contract (checked when the model is loaded):
 

@@ -7,7 +7,9 @@ last. We cut the graph in two at load time, at the vocoder's input: a *front* pa
 convolutional, so it runs over short windows of latent frames with a few frames of context on
 each side and gives exactly the audio of one whole decode; that is what makes real streaming
 possible. The flow runs in the front part, once per segment: its receptive field (+-32 frames)
-is three times the decoder's (+-11), so windowing it too paid ~40 % more per audio second.
+is three times the decoder's (+-11), so windowing it too recomputed that much wider context in
+every window (the cost per audio second before and after the move:
+docs/BENCHMARKS.md, "TTS streaming: first audio, cancel, load, vs the batch baseline").
 Splitting is slow (seconds), so the two parts are cached on disk keyed by the model file's hash
 and the split point (a cache made for another split point is never reused).
 """
