@@ -63,9 +63,9 @@ END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 TRIM_STEP = 4  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit_prompt)
 TRIMS = ("shift", "reread")  # how the cache follows a trimmed history (see LocalLLM)
 # Tokens a conversation's cache holds unless told otherwise (--max-len, "model": the model's own
-# context, from its metadata). Not SmolLM2's 8,192: past ~3,500 tokens of a call its replies fall
-# apart (the float32 reference too), and on one CPU thread each turn's prefill grows with the
-# history it attends to (docs/BENCHMARKS.md, "Long calls and the local LLM").
+# context, from its metadata). Not SmolLM2's 8,192: a few thousand tokens into a call its replies
+# fall apart (the float32 reference too), and on one CPU thread each turn's prefill grows with the
+# history it attends to (docs/BENCHMARKS.md, "Local LLM: long calls and concurrency").
 DEFAULT_CONTEXT = 2048
 MAX_WAITING = 16  # requests queued behind the running ones; more get "busy" (HTTP 503)
 
@@ -190,28 +190,10 @@ class LocalLLM:
 
     # ------------------------------------------------------------------ loading
     def load(self, progress: Callable[[str], Any] = print) -> None:
-        import torch
-
         from .llm_chat import ChatEngine
-        from .llm_model import Llama, ModelFormatError
 
-        if not self.source.exists():
-            raise LLMLoadError(f"LLM model {self.source} does not exist")
-        torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
-        try:
-            if self.source.is_dir():
-                cfg, tensors, folder = self._from_hf_dir()
-            elif self.source.suffix == ".gguf":
-                cfg, tensors, folder = self._from_gguf(progress)
-            else:
-                raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
-            self.tokenizer = _chat_tokenizer(folder)
-            self.folder = folder  # where the tokenizer (and for a GGUF, the prepared weights) are
-            context = cfg.max_position if self.max_len == "model" else int(self.max_len or DEFAULT_CONTEXT)
-            model = Llama(cfg, tensors, slots=self.slots, max_len=context)
-        except (ModelFormatError, OSError, ValueError, KeyError) as exc:
-            raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None
+        model, self.tokenizer = self.open_model(progress)
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._warm_up()
@@ -220,6 +202,35 @@ class LocalLLM:
             f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s "
             f"({self.precision}, {self.threads} thread, {self.max_len}-token context)"
         )
+
+    def open_model(self, progress: Callable[[str], Any] = print):
+        """``(Llama, ChatTokenizer)`` from :attr:`source`, without the serving thread.
+
+        The weights are prepared once and then read from the cache, so another user of the same
+        model (``pipelines.text_turn``: the caller's words judged for an end of turn) shares the
+        preparation, not the serving queue. Raises :class:`LLMLoadError` with the reason.
+        """
+        import torch
+
+        from .llm_model import Llama, ModelFormatError
+
+        if not self.source.exists():
+            raise LLMLoadError(f"LLM model {self.source} does not exist")
+        torch.set_num_threads(self.threads)
+        try:
+            if self.source.is_dir():
+                cfg, tensors, folder = self._from_hf_dir()
+            elif self.source.suffix == ".gguf":
+                cfg, tensors, folder = self._from_gguf(progress)
+            else:
+                raise LLMLoadError(f"{self.source} is neither a .gguf file nor a model directory")
+            tokenizer = _chat_tokenizer(folder)
+            self.folder = folder  # where the tokenizer (and for a GGUF, the prepared weights) are
+            context = cfg.max_position if self.max_len == "model" else int(self.max_len or DEFAULT_CONTEXT)
+            model = Llama(cfg, tensors, slots=self.slots, max_len=context)
+        except (ModelFormatError, OSError, ValueError, KeyError) as exc:
+            raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None
+        return model, tokenizer
 
     def _from_gguf(self, progress):
         from safetensors.torch import load_file, save_file

@@ -12,6 +12,10 @@ VAD's stop, which itself comes ``stop_secs`` after the last word) ends the turn:
 
 * the transcript trails (a continuing word, ``...``, ``-``, ``,``): ``continuing_s`` (longest);
 * the acoustic model is sure the turn is over (probability >= ``trust_acoustic``, when set): at once;
+* the words read as a finished sentence to a language model (``pipelines.text_turn``, when given:
+  probability >= ``text_likely``): ``likely_s`` (short); as clearly unfinished ("Could you send
+  me", "I need to cancel": < ``text_unlikely``, and not a short answer such as "No."): ``unlikely_s``;
+  in between: ``between_s``;
 * the transcript ends as a sentence (``.``, ``!``, ``?``): ``sentence_s``;
 * anything else (no punctuation, nothing heard): ``other_s``.
 
@@ -35,6 +39,19 @@ _TRAILING_MARKS = ("...", "…", "-", ",", ";", ":")
 _WORD = re.compile(r"[a-z']+")
 
 
+# Whole turns that answer by themselves; a language model rates their end low ("No." is rarely a
+# whole message in its training), so they are not read as unfinished.
+SHORT_ANSWERS = frozenset(
+    "yes yeah yep no nope sure okay ok right correct exactly thanks fine great perfect absolutely".split()
+)
+
+
+def short_answer(text: str) -> bool:
+    """Whether the turn is one or two words of a short answer ("No.", "Yes please", "Sure, thanks")."""
+    words = _WORD.findall(text.lower())
+    return 0 < len(words) <= 2 and words[0] in SHORT_ANSWERS
+
+
 def cue(text: str) -> str:
     """The transcript's ending: ``"continuing"``, ``"sentence"`` or ``"none"`` (no text, no mark)."""
     t = text.strip().lower()
@@ -54,37 +71,58 @@ def cue(text: str) -> str:
 class TurnJudge:
     """Seconds of silence after the VAD stop that end the turn, from the transcript and the acoustic verdict.
 
-    The defaults are the corpus's choice at about a fixed 0.6 s silence's median wait
-    (docs/BENCHMARKS.md): a trailing transcript waits longest. ``trust_acoustic`` is off by default:
+    The defaults are the corpus's choice (docs/BENCHMARKS.md): a trailing transcript or words a
+    reader expects more of wait longest, since a cut pause means the agent talks over a caller who
+    was not done, while a finished sentence ends the turn almost at the VAD stop (with the reply's
+    inference already running: ``pipelines.pipecat_turns``). ``trust_acoustic`` is off by default:
     on the corpus even smart-turn's surest "complete" verdicts fell in mid-thought pauses ("I need
     to cancel." before "my appointment on Tuesday"), so trusting them cut more pauses than it saved.
     """
 
-    continuing_s: float = 0.8
+    continuing_s: float = 1.5
     sentence_s: float = 0.6
     other_s: float = 0.6
     trust_acoustic: float | None = None  # smart-turn's probability of "complete" from which it decides alone
+    # the text model's probability that the sentence ends here: at or above ``text_likely`` the turn
+    # ends after ``likely_s``, below ``text_unlikely`` after ``unlikely_s``, between after
+    # ``between_s`` (the corpus's choice, docs/BENCHMARKS.md "Turn-taking and voice-to-voice")
+    text_likely: float = 0.7
+    text_unlikely: float = 0.1
+    likely_s: float = 0.2
+    between_s: float = 0.4
+    unlikely_s: float = 1.8
 
     def __post_init__(self) -> None:
-        for name in ("continuing_s", "sentence_s", "other_s"):
+        if not 0.0 <= self.text_unlikely <= self.text_likely <= 1.0:
+            raise ValueError(
+                f"TurnJudge needs 0 <= text_unlikely <= text_likely <= 1, got {self.text_unlikely}, {self.text_likely}"
+            )
+        for name in ("continuing_s", "sentence_s", "other_s", "likely_s", "between_s", "unlikely_s"):
             value = getattr(self, name)
             if not 0.0 <= value <= 3.0:
                 raise ValueError(f"TurnJudge.{name} must be between 0 and 3 s, got {value}")
         if self.trust_acoustic is not None and not 0.0 <= self.trust_acoustic <= 1.0:
             raise ValueError(f"TurnJudge.trust_acoustic must be a probability, got {self.trust_acoustic}")
 
-    def wait_s(self, text: str, acoustic_complete: float | None = None) -> float:
-        """How much more silence ends the turn, given the turn's transcript so far and the acoustic
-        model's probability that it is complete (``None``: no model)."""
+    def wait_s(self, text: str, acoustic_complete: float | None = None, text_complete: float | None = None) -> float:
+        """How much more silence ends the turn, given the turn's transcript so far, the acoustic
+        model's probability that it is complete and the text model's that its sentence ends here
+        (``None``: no such model)."""
         ending = cue(text)
         if ending == "continuing":
             return self.continuing_s
         trusted = self.trust_acoustic is not None and acoustic_complete is not None
         if trusted and acoustic_complete >= self.trust_acoustic:
             return 0.0
+        if text_complete is not None:
+            if text_complete >= self.text_likely:
+                return self.likely_s
+            if text_complete >= self.text_unlikely or short_answer(text):
+                return self.between_s
+            return self.unlikely_s
         return self.sentence_s if ending == "sentence" else self.other_s
 
     @property
     def worst_s(self) -> float:
         """The longest wait after the VAD stop, whatever the signals say."""
-        return max(self.continuing_s, self.sentence_s, self.other_s)
+        return max(self.continuing_s, self.sentence_s, self.other_s, self.unlikely_s)

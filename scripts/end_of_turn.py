@@ -296,7 +296,10 @@ async def drive_judged(
             heard = transcribe_segment(segment)
             stt_s = time.perf_counter() - t0
             text = f"{text} {heard}".strip() if heard else text
-            pending = t + max(policy(heard or text, prob, complete), stt_s, model_s)
+            t0 = time.perf_counter()
+            wait = policy(text, prob, complete)  # the turn's words so far: their ending is the segment's
+            judged_s = stt_s + time.perf_counter() - t0  # a text model reads the transcript, after it
+            pending = t + max(wait, judged_s, model_s)
         if analyzer is not None:
             analyzer.append_audio(chunk, speaking)
         if pending is not None and t >= pending:
@@ -314,9 +317,11 @@ def judged_policies(smart_timeout_s: float, stop_secs: float) -> list[tuple[str,
     """(row name, needs smart-turn, policy): the demo's rule and the alternatives, all waiting for the
     transcript. The demo's smart-turn ends at a "complete" verdict, else at its silence timeout
     (counted from the last speech, so ``timeout - stop_secs`` after the VAD stop)."""
+    from pipelines.text_turn import shared_text_turn
     from pipelines.turn_judge import TurnJudge
 
     judge, trusting = TurnJudge(), TurnJudge(trust_acoustic=0.95)
+    words = shared_text_turn(progress=lambda line: print(line, file=sys.stderr)).p_end  # SmolLM2, in-process
     rest = max(0.0, smart_timeout_s - stop_secs)
     demo = f"smart-turn v3, timeout {smart_timeout_s:g} s, + transcript (demo)"
     return [
@@ -324,6 +329,7 @@ def judged_policies(smart_timeout_s: float, stop_secs: float) -> list[tuple[str,
         (f"fixed silence {judge.sentence_s:g} s after the VAD stop", False, lambda x, p, c: judge.sentence_s),
         ("transcript + silence (TurnJudge)", False, lambda x, p, c: judge.wait_s(x)),
         ("TurnJudge + smart-turn p >= 0.95", True, lambda x, p, c: trusting.wait_s(x, p)),
+        ("TurnJudge + the words' end (SmolLM2)", False, lambda x, p, c: judge.wait_s(x, text_complete=words(x))),
     ]
 
 

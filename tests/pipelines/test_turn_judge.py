@@ -52,8 +52,29 @@ def test_the_acoustic_verdict_counts_only_when_trusted() -> None:
 
 
 def test_the_worst_case_is_the_longest_wait_and_bad_settings_are_refused() -> None:
-    assert TurnJudge(continuing_s=0.9, sentence_s=0.3, other_s=0.5).worst_s == 0.9
+    assert TurnJudge(continuing_s=0.9, sentence_s=0.3, other_s=0.5, unlikely_s=0.7).worst_s == 0.9
     with pytest.raises(ValueError, match="continuing_s must be between 0 and 3 s"):
         TurnJudge(continuing_s=-1)
     with pytest.raises(ValueError, match="trust_acoustic must be a probability"):
         TurnJudge(trust_acoustic=1.5)
+
+
+def test_the_words_end_shortens_or_lengthens_the_wait() -> None:
+    judge = TurnJudge()
+    assert judge.wait_s("What is the capital of France?", text_complete=0.8) == judge.likely_s
+    assert judge.wait_s("Could you send me?", text_complete=0.001) == judge.unlikely_s  # the mark says ended
+    assert judge.wait_s("Sure.", text_complete=0.001) == judge.between_s  # a short answer is not unfinished
+    assert judge.wait_s("I need to cancel.", text_complete=0.3) == judge.between_s
+    assert judge.wait_s("I need to cancel.") == judge.sentence_s  # no text model: the mark
+    assert judge.wait_s("My order number is", text_complete=0.9) == judge.continuing_s  # the cue wins
+    assert judge.worst_s == max(judge.continuing_s, judge.unlikely_s)
+    with pytest.raises(ValueError, match="text_unlikely <= text_likely"):
+        TurnJudge(text_likely=0.1, text_unlikely=0.2)
+
+
+@pytest.mark.parametrize("text", ["No.", "yes please", "Sure, thanks.", "Okay"])
+def test_short_answers(text: str) -> None:
+    from pipelines.turn_judge import short_answer
+
+    assert short_answer(text)
+    assert not short_answer("No, I wanted the other one") and not short_answer("") and not short_answer("Paris.")
