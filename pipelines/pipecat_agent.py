@@ -95,6 +95,9 @@ class AgentConfig:
     # STREAMVOX_SPECULATE=on|off: the reply's LLM inference starts at the first transcript after a
     # VAD stop, held until the end of turn confirms it (pipelines.pipecat_turns)
     speculate: bool = True
+    # STREAMVOX_END_OF_TURN: "judge" (default: pipelines.turn_judge on the transcript's cue and the
+    # caller's words as SmolLM2 reads them, pipelines.text_turn) or "smart-turn" (its verdict, 1 s timeout)
+    end_of_turn: str = "judge"
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
 
@@ -115,6 +118,7 @@ class AgentConfig:
             greeting=greeting(env),
             echo_cancel=echo_mode(env),
             speculate=speculate_mode(env),
+            end_of_turn=end_of_turn_mode(env),
         )
 
 
@@ -124,6 +128,41 @@ def speculate_mode(env) -> bool:
     if raw not in ("on", "off"):
         raise ValueError(f"STREAMVOX_SPECULATE must be on or off, got {env.get('STREAMVOX_SPECULATE')!r}")
     return raw == "on"
+
+
+END_OF_TURN_MODES = ("judge", "smart-turn")
+
+
+def end_of_turn_mode(env) -> str:
+    """STREAMVOX_END_OF_TURN (default judge); ValueError with a one-line reason for anything else."""
+    raw = env.get("STREAMVOX_END_OF_TURN", "").strip().lower() or "judge"
+    if raw not in END_OF_TURN_MODES:
+        raise ValueError(f"STREAMVOX_END_OF_TURN must be judge or smart-turn, got {env.get('STREAMVOX_END_OF_TURN')!r}")
+    return raw
+
+
+def turn_words(config: AgentConfig):
+    """The text model the judge reads the caller's words with (one per process), or None.
+
+    None when the end of turn is smart-turn's, or when SmolLM2 cannot be loaded: the judge then
+    decides on the transcript's cue alone, and the log says so once.
+    """
+    if config.end_of_turn != "judge":
+        return None
+    from pipelines.local_llm import LLMLoadError
+    from pipelines.text_turn import shared_text_turn
+
+    try:
+        return shared_text_turn(progress=lambda line: logger.info(f"end of turn: {line}"))
+    except (LLMLoadError, OSError) as exc:
+        global _WORDS_WARNED
+        if not _WORDS_WARNED:
+            _WORDS_WARNED = True
+            logger.warning(f"end of turn: the caller's words are not read ({exc}); the transcript's cue decides")
+        return None
+
+
+_WORDS_WARNED = False
 
 
 # ---------------------------------------------------------------- services
@@ -164,13 +203,17 @@ USER_TURN_STOP_TIMEOUT_S = 2.0
 GATE_LEAD_MS = 50.0  # bot audio handed to the transport ahead of the clock: what still plays after a yield
 
 
-def turn_strategies(smart_turn_timeout_s: float = 1.0, *, speculate: bool = False):
-    """Pipecat's default end of turn (Silero VAD stop, then smart-turn v3) with a 1 s silence timeout.
+def turn_strategies(
+    smart_turn_timeout_s: float = 1.0, *, speculate: bool = False, end_of_turn: str = "smart-turn", words=None
+):
+    """The stop strategy: Pipecat's default end of turn (Silero VAD stop, then smart-turn v3), or the judge.
 
-    When smart-turn calls a finished question incomplete, the turn waits for its silence timeout
-    (3 s by default): that was the end-of-turn p95 (3.2 s -> 1.2 s with 1 s; turns ended early
-    the same within run-to-run noise; ``scripts/end_of_turn.py``, docs/BENCHMARKS.md "End of turn").
-    ``speculate``: the same decision, with the reply's inference started during that wait
+    ``"smart-turn"``: when smart-turn calls a finished question incomplete, the turn waits for its
+    silence timeout (3 s by default, 1 s here: that was the end-of-turn p95; ``scripts/end_of_turn.py``,
+    docs/BENCHMARKS.md "Turn-taking and voice-to-voice"). ``"judge"``: the end of turn from the
+    transcript's cue, the caller's words (``words``: a ``pipelines.text_turn.TextTurnModel``) and the
+    silence (``pipelines.pipecat_turns.JudgedTurnStop``), smart-turn's probability one more input.
+    ``speculate``: the reply's inference starts during the wait
     (``pipelines.pipecat_turns.SpeculativeTurnStop``).
     """
     from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
@@ -178,18 +221,23 @@ def turn_strategies(smart_turn_timeout_s: float = 1.0, *, speculate: bool = Fals
     from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
     from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
-    from pipelines.pipecat_turns import SpeculativeTurnStop
+    from pipelines.pipecat_turns import JudgedTurnStop, SpeculativeTurnStop
 
-    analyzer = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
-    stop = SpeculativeTurnStop if speculate else TurnAnalyzerUserTurnStopStrategy
-    return UserTurnStrategies(stop=[stop(turn_analyzer=analyzer)])
+    if end_of_turn not in END_OF_TURN_MODES:
+        raise ValueError(f"end_of_turn must be one of {END_OF_TURN_MODES}, got {end_of_turn!r}")
+    if end_of_turn == "judge":
+        stop = JudgedTurnStop(turn_analyzer=LocalSmartTurnAnalyzerV3(), words=words, speculate=speculate)
+    else:
+        analyzer = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
+        stop = (SpeculativeTurnStop if speculate else TurnAnalyzerUserTurnStopStrategy)(turn_analyzer=analyzer)
+    return UserTurnStrategies(stop=[stop])
 
 
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
-    strategies = turn_strategies(speculate=config.speculate)
+    strategies = turn_strategies(speculate=config.speculate, end_of_turn=config.end_of_turn, words=turn_words(config))
     user_params = LLMUserAggregatorParams(
         vad_analyzer=SileroVADAnalyzer(),
         user_turn_strategies=strategies,
@@ -400,6 +448,7 @@ def main(argv: list[str] | None = None) -> None:
         config = AgentConfig.from_env(bind_host=args.host)
         prompts = VoicePrompts(config.tts_url, api_key=config.tts_api_key)
         _check_parts(config, prompts)
+        turn_words(config)  # loaded before the banner, not in the first call's event loop
         supervisor.start()
         import uvicorn
 

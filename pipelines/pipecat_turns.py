@@ -24,10 +24,19 @@ after the end of turn (holding audio too would need the TTS to run for a turn th
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from dataclasses import dataclass
+from typing import Any
 
-from pipecat.frames.frames import Frame, TranscriptionFrame, VADUserStartedSpeakingFrame
+from pipecat.frames.frames import (
+    Frame,
+    InputAudioRawFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
 from pipecat.turns.types import ProcessFrameResult, UserTurnSpeculation
 from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
 
@@ -51,8 +60,9 @@ class SpeculationCounts:
 class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
     """The turn analyzer's end of turn, with the reply's inference started at the first transcript."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, *, speculate: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.speculate = speculate  # False: the counting and the turn logic without the early inference
         self.counts = SpeculationCounts()
         self._turn_text = ""  # every transcript of the open turn (the base keeps only the last)
         self._turn_open = False
@@ -79,7 +89,8 @@ class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
             self._turn_text = f"{self._turn_text} {frame.text.strip()}".strip()
         result = await super().process_frame(frame)  # may end the turn (then handle_user_turn_stopped ran)
         if (
-            isinstance(frame, TranscriptionFrame)
+            self.speculate
+            and isinstance(frame, TranscriptionFrame)
             and self._turn_open
             and self._speculation is None
             and not self._vad_user_speaking
@@ -108,3 +119,76 @@ class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
             self._speculation = None
             self.counts.withdrawn += 1
             await self.trigger_user_turn_speculation_cancelled()
+
+
+class JudgedTurnStop(SpeculativeTurnStop):
+    """:class:`SpeculativeTurnStop` with the end of turn decided by :class:`pipelines.turn_judge.TurnJudge`.
+
+    Why: smart-turn alone ends the turn in most of the corpus's mid-thought pauses and makes
+    finished questions wait for its timeout (docs/BENCHMARKS.md, "Turn-taking and voice-to-voice").
+    Here its verdict is one input: at each VAD stop smart-turn still judges the audio (its
+    probability), and when the segment's transcript arrives the caller's words so far are read by
+    the text model (``pipelines.text_turn``); the judge turns the transcript's cue, the two
+    probabilities and the silence into one wait, counted from the VAD stop. The caller speaking
+    again cancels it (and withdraws the speculation). A turn never ends before its transcript;
+    one whose last segment brings none is closed by the user aggregator's stop timeout.
+    """
+
+    def __init__(self, *, judge: Any = None, words: Any = None, **kwargs) -> None:
+        from pipelines.turn_judge import TurnJudge
+
+        super().__init__(**kwargs)
+        self.judge = judge or TurnJudge()
+        self.words = words  # a TextTurnModel (or anything with ``p_end_async``); None: the cue alone
+        self.decisions: list[dict[str, Any]] = []  # per pause: words, probabilities, wait (figures)
+        self._stopped_at: float | None = None  # time.time() of the VAD stop the pending decision counts from
+        self._acoustic: float | None = None
+        self._decision: asyncio.Task | None = None
+
+    async def _handle_input_audio(self, frame: InputAudioRawFrame) -> None:
+        # the analyzer keeps its buffer; its own silence timeout is not a decision here
+        self._turn_analyzer.append_audio(frame.audio, self._vad_user_speaking)
+
+    async def _handle_vad_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        self._vad_user_speaking, self._vad_stopped = False, True
+        self._stopped_at = frame.timestamp
+        _state, prediction = await self._turn_analyzer.analyze_end_of_turn()
+        await self._handle_prediction_result(prediction)
+        self._acoustic = getattr(prediction, "probability", None)
+
+    async def _handle_transcription(self, frame: TranscriptionFrame) -> None:
+        self._text = frame.text
+        if self._vad_user_speaking or self._stopped_at is None or not self._turn_text:
+            return  # mid-speech, or a transcript with no VAD stop to count from
+        await self._cancel_decision()
+        self._decision = self.task_manager.create_task(
+            self._decide(self._turn_text, self._stopped_at, self._acoustic), f"{self}::decide"
+        )
+
+    async def _decide(self, text: str, stopped_at: float, acoustic: float | None) -> None:
+        t0 = time.perf_counter()
+        p_words = await self.words.p_end_async(text) if self.words is not None else None
+        wait = self.judge.wait_s(text, acoustic, p_words)
+        judge_ms = 1000 * (time.perf_counter() - t0)
+        self.decisions.append(dict(text=text, acoustic=acoustic, words=p_words, wait_s=wait, judge_ms=judge_ms))
+        await asyncio.sleep(max(0.0, stopped_at + wait - time.time()))
+        self._decision = None
+        self._stopped_at = None
+        await self.trigger_user_turn_stopped()
+
+    async def _maybe_trigger_user_turn_stopped(self) -> None:
+        return  # the judge's task decides (Pipecat's verdict-and-transcript rule is not used)
+
+    async def _cancel_decision(self) -> None:
+        task, self._decision = self._decision, None
+        if task is not None and task is not asyncio.current_task():
+            await self.task_manager.cancel_task(task)
+
+    async def _discard_pending_end_of_turn(self) -> None:
+        await self._cancel_decision()  # the caller speaks again, or a turn boundary
+        self._stopped_at = None
+        await super()._discard_pending_end_of_turn()
+
+    async def cleanup(self) -> None:
+        await self._cancel_decision()
+        await super().cleanup()

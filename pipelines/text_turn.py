@@ -53,6 +53,8 @@ class TextTurnModel:
             raise ValueError(f"a {model.max_len}-token cache is too small for the prompt and {MAX_WORDS} words")
         self._lock = threading.Lock()
         self._cached = False  # whether the model's slot 0 holds the prefix's keys and values
+        # the first forward pays the kernels' set-up (much longer than a pause): not the first caller
+        self.p_end("Hello, how are you today?")
 
     @classmethod
     def load(cls, source: str | Path | None = None, progress: Callable[[str], Any] = print) -> TextTurnModel:

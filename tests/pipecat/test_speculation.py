@@ -41,15 +41,24 @@ def test_same_words() -> None:
     assert not same_words("I was calling about the package", "I was calling about the package, um, the one")
 
 
-async def _call(engine, utterance: bytes, replies: list[str], *, speculate: bool = True):
+async def _call(
+    engine, utterance: bytes, replies: list[str], *, speculate: bool = True, end_of_turn: str = "smart-turn"
+):
     """One phone call that says ``utterance`` after the line settles; (LLM requests, the caller, its
-    speech end, the agent) once the agent has answered and gone quiet."""
+    speech end, the agent) once the agent has answered and gone quiet. The end of turn is smart-turn's
+    here (the speculation's case: a turn that waits for its timeout); tests/pipecat/test_judged_turns.py
+    calls it with the judge."""
     from pipelines.pipecat_agent import AgentConfig
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     async with counting_server(engine) as tts_server, fake_llm(replies) as (llm_url, requests):
         config = AgentConfig(
-            tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", greeting=None, speculate=speculate
+            tts_url=tts_server.ws_url,
+            llm_base_url=llm_url,
+            llm_model="fake",
+            greeting=None,
+            speculate=speculate,
+            end_of_turn=end_of_turn,
         )
         async with room_server(config) as (base, agents):
             async with twilio_call(base) as caller:
