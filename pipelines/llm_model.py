@@ -270,10 +270,10 @@ class Linear:
 
     def __init__(self, t: dict[str, Tensor], name: str) -> None:
         self.packed, self.sz = t.get(name + ".packed"), t.get(name + ".sz")
-        self.weight = t[name + ".weight"]
+        self.weight: Tensor | None = t[name + ".weight"]  # None once Llama.drop_dense ran: int4 only
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.packed is not None and x.shape[0] <= INT4_MAX_ROWS:
+        if self.packed is not None and (self.weight is None or x.shape[0] <= INT4_MAX_ROWS):
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.sz)
         return F.linear(x, self.weight)
 
@@ -316,6 +316,20 @@ class Llama:
         emb = angles(cfg, self.max_len, precision=torch.float32)  # [L, hd], as transformers computes it
         self.cos = emb.cos().to(self.dtype)[:, None, :]  # [L, 1, hd]
         self.sin = emb.sin().to(self.dtype)[:, None, :]
+
+    def drop_dense(self) -> None:
+        """Free the bf16 copies of the int4 matrices; every call then runs the int4 kernel.
+
+        For a user that reads only short prompts (``pipelines.text_turn``: a caller's words at a
+        pause): the dense copies are most of the weights' memory and only speed up long prefills.
+        """
+        for layer in self.layers:
+            for linear in (layer.wqkv, layer.wo, layer.w13, layer.w2):
+                if linear.packed is not None:
+                    linear.weight = None
+        packed = {n.removesuffix(".packed") for n in self.tensors if n.endswith(".packed")}
+        for name in [n for n in self.tensors if n.removesuffix(".weight") in packed and n.endswith(".weight")]:
+            del self.tensors[name]
 
     @torch.inference_mode()
     def forward(self, tokens: list[int] | Tensor, slot: int, start: int) -> Tensor:

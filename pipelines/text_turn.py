@@ -62,6 +62,7 @@ class TextTurnModel:
         from pipelines.local_llm import LocalLLM
 
         model, tokenizer = LocalLLM(source, slots=1, max_len=256, threads=1).open_model(progress)
+        model.drop_dense()  # a few dozen tokens a call: the int4 kernel alone, at a fraction of the memory
         return cls(model, tokenizer)
 
     def _encode(self, text: str) -> list[int]:
@@ -102,3 +103,43 @@ def shared_text_turn(source: str | Path | None = None, progress: Callable[[str],
         if key not in _shared:
             _shared[key] = TextTurnModel.load(source, progress)
         return _shared[key]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.text_turn "Could you send me" "What is the capital of France?"``: each
+    phrase's probability and time, and the process's memory: what the judge pays per pause."""
+    import argparse
+    import statistics
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m pipelines.text_turn", description=main.__doc__)
+    parser.add_argument("texts", nargs="*", help="phrases as a transcript would give them")
+    parser.add_argument("--model", help="a GGUF or HF folder (default: the bundled SmolLM2)")
+    parser.add_argument("--rounds", type=int, default=5, help="times each phrase is judged (default 5)")
+    args = parser.parse_args(argv)
+    texts = args.texts or ["Could you send me?", "What is the capital of France?", "I need to cancel.", "No."]
+
+    def rss_mb() -> int:
+        with open("/proc/self/status") as f:
+            return int(f.read().split("VmRSS:")[1].split()[0]) // 1024
+
+    before = rss_mb()
+    from pipelines.local_llm import LLMLoadError
+
+    try:
+        model = TextTurnModel.load(args.model, progress=print)
+    except LLMLoadError as exc:
+        raise SystemExit(f"text_turn: {exc}") from None
+    times: list[float] = []
+    for text in texts:
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            p = model.p_end(text)
+            times.append(1000 * (time.perf_counter() - t0))
+        print(f"{'-' if p is None else f'{p:.3f}'}  {text}")
+    print(f"{statistics.median(times):.1f} ms p50 a phrase ({len(times)} calls); RSS {before} -> {rss_mb()} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
