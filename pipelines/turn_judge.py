@@ -36,7 +36,7 @@ CONTINUING_WORDS = frozenset(
     "um uh er erm hmm like maybe".split()
 )
 _TRAILING_MARKS = ("...", "…", "-", ",", ";", ":")
-_WORD = re.compile(r"[a-z']+")
+_WORD = re.compile(r"[a-z0-9']+")  # digits too: "My order number is 742." ends on 742, not on "is"
 
 
 # Whole turns that answer by themselves; a language model rates their end low ("No." is rarely a

@@ -252,14 +252,22 @@ Policy = Callable[[str, float | None, bool], float]  # (transcript, smart-turn p
 
 
 async def drive_judged(
-    turn: Turn, stop_secs: float, analyzer, policy: Policy, transcribe_segment, clock: SimClock
+    turn: Turn,
+    stop_secs: float,
+    analyzer,
+    policy: Policy,
+    transcribe_segment,
+    clock: SimClock,
+    events: list[dict] | None = None,
 ) -> Outcome:
     """One turn as a pipeline that waits for the transcript: at each VAD stop the segment since the
     VAD start (0.5 s before it, as a segmented STT keeps) is transcribed with the real Whisper, the
     acoustic model (if any) judges the audio so far, and ``policy`` says how much more silence ends
     the turn. The decision comes no sooner than the transcript and the model's verdict (their
     measured times are added); the caller's next VAD start withdraws it. Early decisions are counted
-    and the turn followed on, as in :func:`drive`."""
+    and the turn followed on, as in :func:`drive`. ``events``: each VAD start and stop is appended
+    (time, the turn's text so far, smart-turn's probability, the STT's time), before ``policy`` runs
+    for that stop: ``scripts/turn_judge_tune.py`` replays other rules on them."""
     from pipecat.audio.vad.silero import SileroVADAnalyzer
     from pipecat.audio.vad.vad_analyzer import VADParams, VADState
 
@@ -280,6 +288,8 @@ async def drive_judged(
         state = await vad.analyze_audio(chunk)
         if state == VADState.SPEAKING and not speaking:
             speaking, started_s, pending = True, t, None
+            if events is not None:
+                events.append({"kind": "start", "t": t})
             if analyzer is not None:
                 analyzer.update_vad_start_secs(vad.params.start_secs)
         elif state == VADState.QUIET and speaking:
@@ -296,6 +306,8 @@ async def drive_judged(
             heard = transcribe_segment(segment)
             stt_s = time.perf_counter() - t0
             text = f"{text} {heard}".strip() if heard else text
+            if events is not None:
+                events.append({"kind": "stop", "t": t, "text": text, "acoustic": prob, "stt_s": stt_s})
             t0 = time.perf_counter()
             wait = policy(text, prob, complete)  # the turn's words so far: their ending is the segment's
             judged_s = stt_s + time.perf_counter() - t0  # a text model reads the transcript, after it
