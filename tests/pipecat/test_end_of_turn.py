@@ -139,3 +139,29 @@ async def test_the_transcript_holds_a_pause_that_a_fixed_silence_cuts(eot, tmp_p
     assert 600 <= judged.delay_ms <= 2500, judged  # stop_secs + the judge's wait for a sentence, + Whisper
     fixed = await eot.drive_judged(turn, 0.2, None, lambda _t, _p, _c: 0.6, stt, clock)
     assert fixed.early and eot.cut_pauses(turn, fixed) == 1, fixed
+
+
+def test_the_tuning_replay_decides_as_the_drive_does(eot) -> None:
+    # scripts/turn_judge_tune.py replays recorded VAD events under a rule: a wait shorter than the
+    # caller's pause ends the turn inside it (an early cut); a longer one is withdrawn by the next start
+    from pipelines.turn_judge import TurnJudge
+
+    tune = load_script("turn_judge_tune")
+    turn = eot.Turn(audio=np.zeros(16000 * 4, np.float32), speech_end_s=3.0, pauses=[(1.0, 2.0)], label="mid_thought")
+    events = [
+        {"kind": "start", "t": 0.2},
+        {"kind": "stop", "t": 1.2, "text": "Could you send me?", "acoustic": None, "stt_s": 0.2, "words": 0.001},
+        {"kind": "start", "t": 2.2},
+        {
+            "kind": "stop",
+            "t": 3.2,
+            "text": "Could you send me the invoice?",
+            "acoustic": None,
+            "stt_s": 0.2,
+            "words": 0.9,
+        },
+    ]
+    held = tune.replay(turn, events, TurnJudge())  # 1.8 s for unfinished words: past the 1 s pause
+    assert not held.early and held.delay_ms == pytest.approx(1000 * (3.2 + 0.2 - 3.0))  # the STT's 0.2 s
+    cut = tune.replay(turn, events, TurnJudge(unlikely_s=0.5))
+    assert cut.early and eot.cut_pauses(turn, cut) == 1
