@@ -199,7 +199,11 @@ class Agent:
     turns: Any = None  # the call's stop strategy (a SpeculativeTurnStop counts its speculations)
 
 
-USER_TURN_STOP_TIMEOUT_S = 2.0
+# Longer than the judge's longest wait (1.8 s after the VAD stop) plus a slow transcript: a phone
+# segment Whisper's short window is unsure of takes the 30 s window too, seconds here; at 2 s the
+# turn ended without its words, Pipecat's empty-turn recovery asked the caller to repeat, and the
+# answer came after that (docs/BENCHMARKS.md, "Phone path").
+USER_TURN_STOP_TIMEOUT_S = 3.0
 GATE_LEAD_MS = 50.0  # bot audio handed to the transport ahead of the clock: what still plays after a yield
 
 
@@ -243,7 +247,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         user_turn_strategies=strategies,
         # A turn whose last VAD segment brings no transcript (a cough, a word Whisper drops) is
         # closed by this timeout, not by the stop strategy; Pipecat's 5 s is dead air for the
-        # caller. Whisper answers in ~0.1-0.4 s here, smart-turn's own timeout is 1 s.
+        # caller (see USER_TURN_STOP_TIMEOUT_S for why not less).
         user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
     )
     pair = LLMContextAggregatorPair(context, user_params=user_params)

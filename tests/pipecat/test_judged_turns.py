@@ -58,3 +58,15 @@ async def test_a_finished_question_smart_turn_doubts_ends_sooner_with_the_judge(
           f"({judged[3].turns.decisions})")  # fmt: skip
     assert "capital" in _users(judged[0][-1])[-1].lower()
     assert judged_turn["end_of_turn"] < smart_turn["end_of_turn"] - 150, (smart_turn, judged_turn)
+
+
+async def test_a_transcript_that_takes_whispers_second_decode_still_makes_the_turn(engine) -> None:
+    # "My order number is seven four two nine." (the Scottish voice, fast) on the phone line: Whisper's
+    # short window is unsure of it (its words' log-prob), so the 30 s window decodes it again, seconds
+    # here. The turn must end with those words, not empty (which had the agent ask the caller to
+    # repeat, then answer the words when they came)
+    requests, _, _, agent = await _call(engine, _caller("espeak-scot-fast/n-order"), ["Got it."], end_of_turn="judge")
+    users = [_users(r) for r in requests]
+    print(f"\nslow transcript: {agent.turns.decisions}, LLM saw {users}, {agent.figures.turns}")
+    assert users and all(users), users  # no request without the caller's words
+    assert "order" in users[-1][-1].lower(), users
