@@ -452,7 +452,12 @@ def main(argv: list[str] | None = None) -> None:
         config = AgentConfig.from_env(bind_host=args.host)
         prompts = VoicePrompts(config.tts_url, api_key=config.tts_api_key)
         _check_parts(config, prompts)
-        turn_words(config)  # loaded before the banner, not in the first call's event loop
+        words = turn_words(config)  # loaded before the banner, not in the first call's event loop
+        if config.end_of_turn == "judge":
+            judged = "the transcript's cue and SmolLM2's reading of the words" if words else "the transcript's cue"
+            print(f"end of turn: the judge ({judged}; STREAMVOX_END_OF_TURN=smart-turn for smart-turn's)", flush=True)
+        else:
+            print("end of turn: smart-turn v3, 1 s silence timeout (STREAMVOX_END_OF_TURN)", flush=True)
         supervisor.start()
         import uvicorn
 
