@@ -240,6 +240,8 @@ def turn_strategies(
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
+    if phone and isinstance(stt, LocalWhisperSTTService):
+        stt.line = "phone"  # 8 kHz mu-law: its own no-speech verdict (pipelines.stt.short_window_verdict)
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     strategies = turn_strategies(speculate=config.speculate, end_of_turn=config.end_of_turn, words=turn_words(config))
     user_params = LLMUserAggregatorParams(

@@ -22,8 +22,9 @@ class LocalWhisperSTTService(WhisperSTTService):
     """Pipecat's Whisper service with a shared model and turn-sized decoding: the short encoder
     window by default, or faster-whisper's own path with ``decode`` options."""
 
-    def __init__(self, *, decode: DecodeOptions | None = None, **kwargs) -> None:
+    def __init__(self, *, decode: DecodeOptions | None = None, line: str = "wideband", **kwargs) -> None:
         self._decode = decode
+        self.line = line  # "phone" on a telephone call: pipelines.stt.short_window_verdict
         super().__init__(**kwargs)
 
     def _load(self) -> None:
@@ -47,6 +48,7 @@ class LocalWhisperSTTService(WhisperSTTService):
             options=self._decode,
             no_speech_threshold=threshold if isinstance(threshold, float) else None,
             trace=trace,
+            line=self.line,
         )
         await self.stop_processing_metrics()
         logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech -> {text!r} ({'; '.join(trace)})")

