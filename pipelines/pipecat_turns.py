@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from loguru import logger
 from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
@@ -167,7 +168,12 @@ class JudgedTurnStop(SpeculativeTurnStop):
 
     async def _decide(self, text: str, stopped_at: float, acoustic: float | None) -> None:
         t0 = time.perf_counter()
-        p_words = await self.words.p_end_async(text) if self.words is not None else None
+        p_words = None
+        if self.words is not None:
+            try:
+                p_words = await self.words.p_end_async(text)
+            except Exception as exc:  # a failing text model must not leave the turn open
+                logger.warning(f"{self}: the caller's words could not be read ({exc!r}); the cue decides")
         wait = self.judge.wait_s(text, acoustic, p_words)
         judge_ms = 1000 * (time.perf_counter() - t0)
         self.decisions.append(dict(text=text, acoustic=acoustic, words=p_words, wait_s=wait, judge_ms=judge_ms))

@@ -70,3 +70,18 @@ async def test_a_transcript_that_takes_whispers_second_decode_still_makes_the_tu
     print(f"\nslow transcript: {agent.turns.decisions}, LLM saw {users}, {agent.figures.turns}")
     assert users and all(users), users  # no request without the caller's words
     assert "order" in users[-1][-1].lower(), users
+
+
+async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch) -> None:
+    # the words' model raising (a broken install, an allocation failure) costs its signal, not the turn
+    import pipelines.pipecat_agent as agent_module
+
+    class Broken:
+        async def p_end_async(self, text: str) -> float:
+            raise RuntimeError("the model is gone")
+
+    monkeypatch.setattr(agent_module, "turn_words", lambda config: Broken())
+    requests, _, _, agent = await _call(engine, _caller(QUESTION), ["Paris."], end_of_turn="judge")
+    (decision,) = agent.turns.decisions
+    assert decision["words"] is None and decision["wait_s"] == agent.turns.judge.sentence_s, decision
+    assert "capital" in _users(requests[-1])[-1].lower() and len(agent.figures.turns) == 1
