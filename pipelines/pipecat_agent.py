@@ -200,10 +200,10 @@ class Agent:
 
 
 # Longer than the judge's longest wait (1.8 s after the VAD stop) plus a slow transcript: a phone
-# segment Whisper's short window is unsure of takes the 30 s window too, seconds here; at 2 s the
+# segment Whisper's short window is unsure of takes the 30 s window too, 2-3 s here; at 2 s the
 # turn ended without its words, Pipecat's empty-turn recovery asked the caller to repeat, and the
 # answer came after that (docs/BENCHMARKS.md, "Phone path").
-USER_TURN_STOP_TIMEOUT_S = 3.0
+USER_TURN_STOP_TIMEOUT_S = 4.0
 GATE_LEAD_MS = 50.0  # bot audio handed to the transport ahead of the clock: what still plays after a yield
 
 
@@ -240,8 +240,9 @@ def turn_strategies(
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
-    if phone and isinstance(stt, LocalWhisperSTTService):
-        stt.line = "phone"  # 8 kHz mu-law: its own no-speech verdict (pipelines.stt.short_window_verdict)
+    # Not yet on phone calls: LocalWhisperSTTService(line="phone") keeps more of a caller's unsure
+    # words (docs/BENCHMARKS.md, "Phone path"), but a speakerphone's echo residue is speech-like too,
+    # and the echo test once answered such a residue after it was on; it waits for that measurement.
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     strategies = turn_strategies(speculate=config.speculate, end_of_turn=config.end_of_turn, words=turn_words(config))
     user_params = LLMUserAggregatorParams(
