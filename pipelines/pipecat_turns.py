@@ -25,7 +25,6 @@ after the end of turn (holding audio too would need the TTS to run for a turn th
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,12 +40,12 @@ from pipecat.frames.frames import (
 from pipecat.turns.types import ProcessFrameResult, UserTurnSpeculation
 from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
 
-_WORD = re.compile(r"[a-z0-9']+")
+from pipelines.turn_judge import words
 
 
 def same_words(a: str, b: str) -> bool:
     """Whether two transcripts say the same words (case and punctuation aside)."""
-    return _WORD.findall(a.lower()) == _WORD.findall(b.lower())
+    return words(a) == words(b)
 
 
 @dataclass

@@ -46,10 +46,15 @@ SHORT_ANSWERS = frozenset(
 )
 
 
+def words(text: str) -> list[str]:
+    """The transcript's words, lower-cased, punctuation dropped (digits kept)."""
+    return _WORD.findall(text.lower())
+
+
 def short_answer(text: str) -> bool:
     """Whether the turn is one or two words of a short answer ("No.", "Yes please", "Sure, thanks")."""
-    words = _WORD.findall(text.lower())
-    return 0 < len(words) <= 2 and words[0] in SHORT_ANSWERS
+    said = words(text)
+    return 0 < len(said) <= 2 and said[0] in SHORT_ANSWERS
 
 
 def cue(text: str) -> str:
@@ -59,8 +64,8 @@ def cue(text: str) -> str:
         return "none"
     if t.endswith(_TRAILING_MARKS):
         return "continuing"
-    words = _WORD.findall(t)
-    if words and words[-1] in CONTINUING_WORDS:
+    said = words(t)
+    if said and said[-1] in CONTINUING_WORDS:
         return "continuing"
     if t.endswith((".", "!", "?")):
         return "sentence"
