@@ -364,8 +364,9 @@ async def test_the_launcher_restarts_a_killed_tts_child_and_the_call_hears_why_i
     said = [line[:200] for line in out if any(w in line for w in ("call:", "exited", "Error", "turn "))]
     assert "call: the TTS server failed this turn; the caller hears an apology" in text, "\n".join(said)
     assert "Traceback" not in text
-    # the apology clips are ~3-4 s, the later answers ~1 s: what was heard after each loss was the apology
-    assert tts_apology_s > 2.5 and llm_apology[1] > 2.5, (tts_apology_s, llm_apology)
+    # the apology clips are ~3-4 s long (2.5-3.2 s of it voiced), the later answers ~1 s: what was heard
+    # after each loss was the apology (2.0 s, not 2.5: CI on 2 cores once counted 2.49 s voiced)
+    assert tts_apology_s > 2.0 and llm_apology[1] > 2.0, (tts_apology_s, llm_apology)
     assert back_s < 3.0, back_s
     print(
         f"TTS killed mid-answer: {tts_apology_s:.1f} s voiced after (the apology); back: answered {back_s:.2f} s"
