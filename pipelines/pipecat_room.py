@@ -366,12 +366,11 @@ def build_room_app(
             call = await asyncio.wait_for(twilio_start(websocket), limits.ws_start_timeout_s)
         except TimeoutError:
             log_refusal("a phone socket", f"no Twilio 'start' within {limits.ws_start_timeout_s:g} s")
-            await websocket.close(code=1008, reason=f"no Twilio 'start' within {limits.ws_start_timeout_s:g} s")
+            await _close_quietly(websocket, 1008, f"no Twilio 'start' within {limits.ws_start_timeout_s:g} s")
             return
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # not Twilio, or gone already
             log_refusal("a phone socket", str(exc))
-            with contextlib.suppress(RuntimeError):
-                await websocket.close(code=1008, reason=str(exc)[:120])
+            await _close_quietly(websocket, 1008, str(exc)[:120])
             return
         finally:
             waiting[0] -= 1
@@ -382,6 +381,14 @@ def build_room_app(
         await run_call(make_agent(twilio_transport_for(websocket, call), True))
 
     return app
+
+
+async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
+    """Close a socket the caller may have left already: a refusal, not a traceback in the log."""
+    from starlette.websockets import WebSocketDisconnect
+
+    with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+        await websocket.close(code=code, reason=reason)
 
 
 async def _wait_for_mark(websocket: WebSocket, name: str, timeout_s: float) -> None:
