@@ -40,6 +40,7 @@ class LocalWhisperSTTService(WhisperSTTService):
         language = str(language) if isinstance(language, str) else "en"
         threshold = self._settings.no_speech_prob
         trace: list[str] = []
+        heard: dict[str, float] = {}
         text = await asyncio.to_thread(
             transcribe,
             self._model,
@@ -49,8 +50,11 @@ class LocalWhisperSTTService(WhisperSTTService):
             no_speech_threshold=threshold if isinstance(threshold, float) else None,
             trace=trace,
             line=self.line,
+            info=heard,
         )
         await self.stop_processing_metrics()
         logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech -> {text!r} ({'; '.join(trace)})")
         if text:
-            yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language)
+            # how sure the decoder was of the words: the end of turn may weigh garbled words by it
+            result = {"text_logprob": heard["text_logprob"]} if "text_logprob" in heard else None
+            yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language, result=result)

@@ -143,6 +143,7 @@ class JudgedTurnStop(SpeculativeTurnStop):
         self.decisions: list[dict[str, Any]] = []  # per pause: words, probabilities, wait (figures)
         self._stopped_at: float | None = None  # time.time() of the VAD stop the pending decision counts from
         self._acoustic: float | None = None
+        self._logprob: float | None = None  # how sure Whisper was of the last segment's words
         self._decision: asyncio.Task | None = None
 
     async def _handle_input_audio(self, frame: InputAudioRawFrame) -> None:
@@ -158,14 +159,16 @@ class JudgedTurnStop(SpeculativeTurnStop):
 
     async def _handle_transcription(self, frame: TranscriptionFrame) -> None:
         self._text = frame.text
+        result = frame.result if isinstance(frame.result, dict) else {}
+        self._logprob = result.get("text_logprob")
         if self._vad_user_speaking or self._stopped_at is None or not self._turn_text:
             return  # mid-speech, or a transcript with no VAD stop to count from
         await self._cancel_decision()
         self._decision = self.task_manager.create_task(
-            self._decide(self._turn_text, self._stopped_at, self._acoustic), f"{self}::decide"
+            self._decide(self._turn_text, self._stopped_at, self._acoustic, self._logprob), f"{self}::decide"
         )
 
-    async def _decide(self, text: str, stopped_at: float, acoustic: float | None) -> None:
+    async def _decide(self, text: str, stopped_at: float, acoustic: float | None, logprob: float | None) -> None:
         t0 = time.perf_counter()
         p_words = None
         if self.words is not None:
@@ -173,9 +176,11 @@ class JudgedTurnStop(SpeculativeTurnStop):
                 p_words = await self.words.p_end_async(text)
             except Exception as exc:  # a failing text model must not leave the turn open
                 logger.warning(f"{self}: the caller's words could not be read ({exc!r}); the cue decides")
-        wait = self.judge.wait_s(text, acoustic, p_words)
+        wait = self.judge.wait_s(text, acoustic, p_words, logprob)
         judge_ms = 1000 * (time.perf_counter() - t0)
-        self.decisions.append(dict(text=text, acoustic=acoustic, words=p_words, wait_s=wait, judge_ms=judge_ms))
+        self.decisions.append(
+            dict(text=text, acoustic=acoustic, words=p_words, logprob=logprob, wait_s=wait, judge_ms=judge_ms)
+        )
         await asyncio.sleep(max(0.0, stopped_at + wait - time.time()))
         self._decision = None
         self._stopped_at = None

@@ -87,6 +87,7 @@ def transcribe(
     no_speech_threshold: float | None = None,
     trace: list[str] | None = None,
     line: str = "wideband",
+    info: dict[str, float] | None = None,
 ) -> str:
     """Transcribe float32 16 kHz ``audio`` to text, through a short encoder window when it fits.
 
@@ -94,6 +95,8 @@ def transcribe(
     ``no_speech_threshold``: a cough, a door) is dropped, as Pipecat's service does.
     ``trace``, when given, receives one line per decode (path, result, time): the demo logs it.
     ``line``: ``"phone"`` for 8 kHz telephone audio (see :func:`short_window_verdict`).
+    ``info``, when given, receives the short window's ``no_speech_prob`` and ``text_logprob`` (how
+    sure the decoder was of its words) when that decode ran: the end of turn weighs garbled words by it.
     """
     t0 = time.perf_counter()
     if options is not None or audio.size / RATE > _LONG_CLIP_S or _short_prompt(model, language) is None:
@@ -102,7 +105,7 @@ def transcribe(
         )
         _note(trace, "full window", text, t0)
         return text
-    info: dict[str, float] = {}
+    info = {} if info is None else info
     text = transcribe_short(model, audio, language=language, info=info)
     ns, logprob = info["no_speech_prob"], info["text_logprob"]
     _note(trace, f"short window (no_speech {ns:.2f}, words' log-prob {logprob:.2f})", text, t0)

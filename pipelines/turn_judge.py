@@ -14,7 +14,11 @@ VAD's stop, which itself comes ``stop_secs`` after the last word) ends the turn:
 * the acoustic model is sure the turn is over (probability >= ``trust_acoustic``, when set): at once;
 * the words read as a finished sentence to a language model (``pipelines.text_turn``, when given:
   probability >= ``text_likely``): ``likely_s`` (short); as clearly unfinished ("Could you send
-  me", "I need to cancel": < ``text_unlikely``, and not a short answer such as "No."): ``unlikely_s``;
+  me", "I need to cancel": < ``text_unlikely``, and not a short answer such as "No."): ``unlikely_s``,
+  unless the words themselves are in doubt (Whisper decoded them unsurely: their log-probability
+  under ``doubt_logprob``) or the acoustic model hears a finished turn (``rescue_acoustic``): a
+  garbled transcript ("Please tell me everything I should know before I turn on") reads unfinished
+  to a language model for reasons that are not the caller's, and waiting on it is dead air;
   in between: ``between_s``;
 * the transcript ends as a sentence (``.``, ``!``, ``?``): ``sentence_s``;
 * anything else (no punctuation, nothing heard): ``other_s``.
@@ -96,6 +100,11 @@ class TurnJudge:
     likely_s: float = 0.2
     between_s: float = 0.4
     unlikely_s: float = 1.8
+    # an "unlikely" verdict on words Whisper was unsure of (the segment's log-probability below
+    # ``doubt_logprob``), or with smart-turn's "complete" at or above ``rescue_acoustic``, waits
+    # ``between_s`` instead: None turns either check off
+    doubt_logprob: float | None = None
+    rescue_acoustic: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.text_unlikely <= self.text_likely <= 1.0:
@@ -106,13 +115,24 @@ class TurnJudge:
             value = getattr(self, name)
             if not 0.0 <= value <= 3.0:
                 raise ValueError(f"TurnJudge.{name} must be between 0 and 3 s, got {value}")
-        if self.trust_acoustic is not None and not 0.0 <= self.trust_acoustic <= 1.0:
-            raise ValueError(f"TurnJudge.trust_acoustic must be a probability, got {self.trust_acoustic}")
+        for name in ("trust_acoustic", "rescue_acoustic"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"TurnJudge.{name} must be a probability, got {value}")
+        if self.doubt_logprob is not None and self.doubt_logprob > 0.0:
+            raise ValueError(f"TurnJudge.doubt_logprob is a log-probability (<= 0), got {self.doubt_logprob}")
 
-    def wait_s(self, text: str, acoustic_complete: float | None = None, text_complete: float | None = None) -> float:
+    def wait_s(
+        self,
+        text: str,
+        acoustic_complete: float | None = None,
+        text_complete: float | None = None,
+        words_logprob: float | None = None,
+    ) -> float:
         """How much more silence ends the turn, given the turn's transcript so far, the acoustic
-        model's probability that it is complete and the text model's that its sentence ends here
-        (``None``: no such model)."""
+        model's probability that it is complete, the text model's that its sentence ends here
+        (``None``: no such model) and how sure Whisper was of the last segment's words (their
+        mean log-probability; ``None``: not known)."""
         ending = cue(text)
         if ending == "continuing":
             return self.continuing_s
@@ -122,10 +142,25 @@ class TurnJudge:
         if text_complete is not None:
             if text_complete >= self.text_likely:
                 return self.likely_s
-            if text_complete >= self.text_unlikely or short_answer(text):
+            if (
+                text_complete >= self.text_unlikely
+                or short_answer(text)
+                or self._doubted(acoustic_complete, words_logprob)
+            ):
                 return self.between_s
             return self.unlikely_s
         return self.sentence_s if ending == "sentence" else self.other_s
+
+    def _doubted(self, acoustic_complete: float | None, words_logprob: float | None) -> bool:
+        """Whether an "unfinished" reading of the words is not to be waited on: Whisper was unsure
+        of them, or the acoustic model is sure the turn is over."""
+        unsure = self.doubt_logprob is not None and words_logprob is not None and words_logprob < self.doubt_logprob
+        heard_done = (
+            self.rescue_acoustic is not None
+            and acoustic_complete is not None
+            and acoustic_complete >= self.rescue_acoustic
+        )
+        return unsure or heard_done
 
     @property
     def worst_s(self) -> float:

@@ -78,31 +78,6 @@ FIRST_TURNS = (
     "espeak-caribbean-f4/q-france",
 )
 
-# The long call's turns: questions that ask for a long answer (the demo's system prompt still
-# asks for one to three sentences: what a user of the demo gets), one topic each.
-LONG_ASKS = (
-    "Can you explain in detail how to bake a loaf of bread at home?",
-    "Please tell me everything I should know before I adopt a dog.",
-    "How does a train get from one city to another, step by step?",
-    "Can you describe the history of the city of Paris for me?",
-    "What should I pack for a week of hiking in the mountains, and why?",
-    "Tell me how to change a flat tyre on my car, in detail.",
-    "How do I plan a birthday party for twenty people on a budget?",
-    "Can you explain how the weather forecast is made?",
-    "What are the best ways to save money on my heating bill this winter?",
-    "Please describe how to grow tomatoes on a balcony.",
-    "How should I prepare for a job interview next Monday?",
-    "Can you tell me how an airplane stays up in the air?",
-    "What would you suggest for a three day trip to Rome?",
-    "Explain to me how a refund for a cancelled flight usually works.",
-    "How do I set up a new wireless router at home, step by step?",
-    "Tell me about the planets of the solar system, one by one.",
-    "What is a good routine for learning a new language every day?",
-    "How can I make my old laptop run faster again?",
-    "Can you explain how to cook a simple vegetable soup?",
-    "Please tell me what to do if my parcel never arrives.",
-)
-
 
 class DemoError(Exception):
     """The demo could not start or went away: the message says what it printed."""
@@ -121,8 +96,8 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def tree_rss_mb(root: int) -> float:
-    """RSS of ``root`` and all its descendants (the demo, its TTS server and local LLM), summed."""
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -133,12 +108,38 @@ def tree_rss_mb(root: int) -> float:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command may hold spaces and parentheses
         children.setdefault(ppid, []).append(int(name))
-    total, todo = 0, [root]
+    out, todo = [], [root]
     while todo:
         pid = todo.pop()
-        total += _rss_kb(pid)
+        out.append(pid)
         todo += children.get(pid, [])
-    return total / 1024
+    return out
+
+
+def _part(pid: int, root: int) -> str:
+    """Which part of the demo a process is: "agent" (the root), "llm", "tts" or "other"."""
+    if pid == root:
+        return "agent"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    return "llm" if "local_llm" in cmd else "tts" if "tts_service" in cmd else "other"
+
+
+def tree_rss_parts(root: int) -> dict[str, float]:
+    """RSS in MB of the demo's parts (the agent, its local LLM, its TTS server, anything else):
+    a growth is then charged to the process that grows."""
+    parts: dict[str, float] = {}
+    for pid in _tree(root):
+        part = _part(pid, root)
+        parts[part] = parts.get(part, 0.0) + _rss_kb(pid) / 1024
+    return {k: round(v, 1) for k, v in sorted(parts.items())}
+
+
+def tree_rss_mb(root: int) -> float:
+    """RSS of ``root`` and all its descendants (the demo, its TTS server and local LLM), summed."""
+    return sum(_rss_kb(pid) for pid in _tree(root)) / 1024
 
 
 class Demo:
@@ -183,6 +184,9 @@ class Demo:
 
     def rss_mb(self) -> float:
         return tree_rss_mb(self.proc.pid) if self.proc is not None else float("nan")
+
+    def rss_parts(self) -> dict[str, float]:
+        return tree_rss_parts(self.proc.pid) if self.proc is not None else {}
 
     def stop(self, timeout_s: float = 20.0) -> None:
         if self.proc is None:
@@ -239,19 +243,11 @@ def first_lines() -> list[Line]:
 
 
 def long_lines(turns: int) -> list[Line]:
-    """``turns`` long-answer asks, each in a corpus voice that is not the agent's timbre (6 voices x
-    20 texts: 60 distinct turns), rendered and cached as the corpus renders its own."""
-    # the corpus's renderer for texts of our own (support.callers has no public one yet)
-    from support.callers import VOICES, Script, _cached, _Item
+    """``turns`` long-answer asks (``support.callers.long_asks``: the demo's system prompt still asks
+    for one to three sentences, what a user of the demo gets)."""
+    from support.callers import long_asks
 
-    voices = [v for v in VOICES if not v.agent_timbre]
-    levels, snrs = (-24.0, -27.0, -30.0), (35.0, 25.0)
-    out = []
-    for i in range(turns):
-        script = Script(f"long-{i % len(LONG_ASKS):02d}", "question", LONG_ASKS[i % len(LONG_ASKS)])
-        item = _Item(script, voices[i % len(voices)], levels[i % 3], snrs[i % 2], 0.0, seed=1000 + i)
-        out.append(_line(_cached(item)))
-    return out
+    return [_line(u) for u in long_asks(turns)]
 
 
 # ---------------------------------------------------------------- one caller's ear
@@ -454,6 +450,7 @@ async def run_long_call(demo: Demo, turns: int) -> list[dict]:
                 "v2v_s": None if first is None else round(first - end, 3),
                 "reply_s": None if first is None or last is None else round(last - first, 2),
                 "rss_mb": round(demo.rss_mb(), 1),
+                "rss_parts_mb": demo.rss_parts(),
                 "load": round(os.getloadavg()[0], 2),
             }
             out.append(turn)
@@ -477,6 +474,7 @@ def long_summary(turns: list[dict]) -> dict:
 
     last = len(turns)
     rss = {t["turn"]: t["rss_mb"] for t in turns}
+    parts = {t["turn"]: t.get("rss_parts_mb", {}) for t in turns}
     answered = [t for t in turns if t["v2v_s"] is not None]
     worst = max(answered, key=lambda t: t["v2v_s"]) if answered else None
     return {
@@ -486,6 +484,7 @@ def long_summary(turns: list[dict]) -> dict:
         "no_answer": last - len(answered),
         "worst": None if worst is None else {"turn": worst["turn"], "v2v_s": worst["v2v_s"]},
         "rss_mb": {k: rss[k] for k in (1, 10, 30, 60, last) if k in rss},
+        "rss_parts_mb": {k: parts[k] for k in (1, 10, 30, 60, last) if k in parts},
     }
 
 
@@ -535,6 +534,8 @@ def print_long(summary: dict) -> None:
     worst = summary["worst"]
     print(f"turns over {BOUND_S} s: {summary['over_bound']}; no answer: {summary['no_answer']}; worst: {worst}")
     print("RSS (agent + children), MB, by turn: " + ", ".join(f"{k}: {v:.0f}" for k, v in summary["rss_mb"].items()))
+    for turn, parts in summary.get("rss_parts_mb", {}).items():
+        print(f"  turn {turn}: " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -362,16 +362,27 @@ def corpus_turns(subset: str | None, path: str) -> list[Turn]:
     through ``path`` ("clean": as rendered)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.*
     from support.callers import corpus
-    from support.lines import through
 
-    out = []
-    for u in corpus(subset):
-        extra = max(0.0, TAIL_S - (u.pcm.size / u.sample_rate - u.speech_end_s))
-        audio = u.with_tail(extra).astype(np.float32) / 32768.0
-        if path != "clean":
-            audio = through(path)(audio)
-        out.append(Turn(audio, u.speech_end_s, list(u.pauses), voice=u.voice, label=u.label, id=u.id))
-    return out
+    return [_as_turn(u, path) for u in corpus(subset)]
+
+
+def long_ask_turns(n: int, path: str) -> list[Turn]:
+    """``support.callers.long_asks`` (complete turns that ask for a long answer) as turns, like
+    :func:`corpus_turns`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.*
+    from support.callers import long_asks
+
+    return [_as_turn(u, path) for u in long_asks(n)]
+
+
+def _as_turn(u, path: str) -> Turn:
+    extra = max(0.0, TAIL_S - (u.pcm.size / u.sample_rate - u.speech_end_s))
+    audio = u.with_tail(extra).astype(np.float32) / 32768.0
+    if path != "clean":
+        from support.lines import through
+
+        audio = through(path)(audio)
+    return Turn(audio, u.speech_end_s, list(u.pauses), voice=u.voice, label=u.label, id=u.id)
 
 
 # ---------------------------------------------------------------- report

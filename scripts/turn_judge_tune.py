@@ -42,12 +42,19 @@ GRID = {
     "unlikely_s": [1.2, 1.5, 1.8],
     "text_likely": [0.3, 0.5, 0.7],
     "text_unlikely": [0.02, 0.05, 0.1],
+    "doubt_logprob": [None, -0.4, -0.6, -0.8],
+    "rescue_acoustic": [None, 0.8, 0.9],
 }
 
 
-async def record(paths: list[str], stop_secs: float) -> dict[str, list[tuple[E.Turn, list[dict]]]]:
-    """Each path's turns with the signals at each VAD start and stop (the words' probability added)."""
+async def record(paths: list[str], stop_secs: float, long_asks: int = 0) -> dict[str, list[tuple[E.Turn, list[dict]]]]:
+    """Each path's turns with the signals at each VAD start and stop: the transcript so far, smart-turn's
+    probability, the words' probability (SmolLM2) and how sure Whisper was of the segment's words.
+    ``long_asks``: that many of ``support.callers.long_asks`` (complete turns) as a set of their own
+    per path, ``"<path> long asks"``."""
     import pipecat.audio.turn.smart_turn.base_smart_turn as base_smart_turn
+    from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
 
     from pipelines.stt import default_model_path, shared_whisper, transcribe
     from pipelines.text_turn import shared_text_turn
@@ -56,23 +63,35 @@ async def record(paths: list[str], stop_secs: float) -> dict[str, list[tuple[E.T
     words = shared_text_turn(progress=lambda line: print(line, file=sys.stderr))
     clock = E.SimClock()
     base_smart_turn.time = clock
+    smart = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=3.0))  # its verdict only: no timeout
+    smart.set_sample_rate(E.RATE)
+    sets = [(path, path, None) for path in paths]
+    sets += [(f"{path} long asks", path, long_asks) for path in paths if long_asks]
     out: dict[str, list[tuple[E.Turn, list[dict]]]] = {}
-    for path in paths:
+    for name, path, asks in sets:
         t0 = time.perf_counter()
-        turns, recorded = E.corpus_turns(None, path), []
+        turns = E.corpus_turns(None, path) if asks is None else E.long_ask_turns(asks, path)
+        recorded = []
         for turn in turns:
             events: list[dict] = []
+            heard: dict[str, float] = {}
 
-            def read_words(text: str, _p, _c, events=events) -> float:
+            def hear(audio, heard=heard) -> str:
+                heard.clear()
+                return transcribe(model, audio, info=heard)
+
+            def read_words(text: str, _p, _c, events=events, heard=heard) -> float:
                 t1 = time.perf_counter()
                 events[-1]["words"] = words.p_end(text)
                 events[-1]["words_s"] = time.perf_counter() - t1
+                events[-1]["logprob"] = heard.get("text_logprob")
                 return 60.0  # never decide: every pause is recorded, the rules are replayed after
 
-            await E.drive_judged(turn, stop_secs, None, read_words, lambda a: transcribe(model, a), clock, events)
+            await E.drive_judged(turn, stop_secs, smart, read_words, hear, clock, events)
             recorded.append((turn, events))
-        out[path] = recorded
-        print(f"  {path}: {len(turns)} turns recorded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        out[name] = recorded
+        print(f"  {name}: {len(turns)} turns recorded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    await smart.cleanup()
     return out
 
 
@@ -87,7 +106,7 @@ def replay(turn: E.Turn, events: list[dict], judge: TurnJudge) -> E.Outcome:
                 decisions.append(pending)
             pending = None
         else:
-            wait = judge.wait_s(ev["text"], ev["acoustic"], ev.get("words"))
+            wait = judge.wait_s(ev["text"], ev["acoustic"], ev.get("words"), ev.get("logprob"))
             pending = ev["t"] + max(wait, ev["stt_s"] + ev.get("words_s", 0.0))
     if pending is not None:
         decisions.append(pending)
@@ -125,7 +144,7 @@ def line(label: str, judge: TurnJudge | None, rows: dict) -> str:
         f"{r.complete_delay_ms_p50 or 0:,.0f} / {r.complete_delay_ms_p95 or 0:,.0f} ms"
         for p, r in rows.items()
     )
-    rule = "" if judge is None else " (" + ", ".join(f"{k}={getattr(judge, k):g}" for k in GRID) + ")"
+    rule = "" if judge is None else " (" + ", ".join(f"{k}={getattr(judge, k)}" for k in GRID) + ")"
     return f"{label}{rule}: {per_path}"
 
 
@@ -134,13 +153,16 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="clean,page,phone", help="comma-separated: clean, page, phone")
     parser.add_argument("--stop-secs", type=float, default=0.2, help="Silero's stop_secs (the demo's 0.2)")
     parser.add_argument("--max-cuts", type=float, default=0.075, help="share of pauses a rule may cut (0.075)")
+    parser.add_argument(
+        "--long-asks", type=int, default=0, help="also this many long-answer asks per path (complete turns: 60)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
     if not paths or set(paths) - {"clean", "page", "phone"}:
         parser.error("--paths takes clean, page and phone")
     try:
-        recorded = await record(paths, args.stop_secs)
+        recorded = await record(paths, args.stop_secs, args.long_asks)
     except RuntimeError as exc:  # CorpusError: espeak-ng missing
         parser.error(str(exc))
     default = TurnJudge()

@@ -242,6 +242,44 @@ class Utterance:
         return np.concatenate([self.pcm, more])
 
 
+# Turns that ask for a long answer, one topic each: the long call of ``scripts/agent_calls.py``, and
+# more complete turns for the end-of-turn tuning (``scripts/turn_judge_tune.py --long-asks``).
+LONG_ASKS: tuple[str, ...] = (
+    "Can you explain in detail how to bake a loaf of bread at home?",
+    "Please tell me everything I should know before I adopt a dog.",
+    "How does a train get from one city to another, step by step?",
+    "Can you describe the history of the city of Paris for me?",
+    "What should I pack for a week of hiking in the mountains, and why?",
+    "Tell me how to change a flat tyre on my car, in detail.",
+    "How do I plan a birthday party for twenty people on a budget?",
+    "Can you explain how the weather forecast is made?",
+    "What are the best ways to save money on my heating bill this winter?",
+    "Please describe how to grow tomatoes on a balcony.",
+    "How should I prepare for a job interview next Monday?",
+    "Can you tell me how an airplane stays up in the air?",
+    "What would you suggest for a three day trip to Rome?",
+    "Explain to me how a refund for a cancelled flight usually works.",
+    "How do I set up a new wireless router at home, step by step?",
+    "Tell me about the planets of the solar system, one by one.",
+    "What is a good routine for learning a new language every day?",
+    "How can I make my old laptop run faster again?",
+    "Can you explain how to cook a simple vegetable soup?",
+    "Please tell me what to do if my parcel never arrives.",
+)
+
+
+def long_asks(turns: int) -> list[Utterance]:
+    """``turns`` long-answer asks, each in a corpus voice that is not the agent's timbre (6 voices x
+    20 texts: 60 distinct turns, then they repeat), rendered and cached as the corpus is."""
+    voices = [v for v in VOICES if not v.agent_timbre]
+    levels, snrs = (-24.0, -27.0, -30.0), (35.0, 25.0)
+    out = []
+    for i in range(turns):
+        script = Script(f"long-{i % len(LONG_ASKS):02d}", "question", LONG_ASKS[i % len(LONG_ASKS)])
+        out.append(_cached(_Item(script, voices[i % len(voices)], levels[i % 3], snrs[i % 2], 0.0, seed=1000 + i)))
+    return out
+
+
 def corpus(subset: str | Iterable[str] | None = None) -> Iterator[Utterance]:
     """The corpus's utterances, rendered (or read from the cache), in plan order.
 

@@ -42,6 +42,7 @@ async def test_a_caller_who_pauses_mid_thought_is_answered_once_for_the_whole_tu
     print(f"\njudged: {stop.decisions}, speculations {stop.counts}, LLM saw {users}")
     assert len(stop.decisions) >= 2, stop.decisions  # the pause was judged, then the turn's end
     assert stop.decisions[0]["words"] is not None and stop.decisions[0]["wait_s"] > 1.2, stop.decisions
+    assert all(d["logprob"] is not None and d["logprob"] <= 0 for d in stop.decisions), stop.decisions  # Whisper's own
     assert len(agent.figures.turns) == 1, (agent.figures.turns, stop.decisions)  # one turn, not two
     assert "could you" in users[-1].lower() and "month" in users[-1].lower(), users  # the whole turn, once
     early = [t for t, ev in caller.events if t < ended and voiced(ev)]

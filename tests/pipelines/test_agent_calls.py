@@ -10,7 +10,11 @@ and the log parsing are checked alone.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -41,6 +45,21 @@ def test_the_agents_stage_lines_are_read_from_its_log() -> None:
     )
     stages = agent_calls.stage_medians(log)
     assert stages == {"VAD stop": 293.0, "STT final": 750.0, "end of turn": 741.0, "LLM first token": 988.0}
+
+
+def test_memory_is_charged_to_the_part_that_holds_it() -> None:
+    """A child whose command line names the local LLM is counted as "llm", this process as the agent."""
+    hold = "import time; x = b'x' * (64 << 20); time.sleep(30)"  # written pages: resident
+    child = subprocess.Popen([sys.executable, "-c", hold, "local_llm"])
+    try:
+        deadline = time.monotonic() + 10
+        while (parts := agent_calls.tree_rss_parts(os.getpid())).get("llm", 0) < 60 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(parts) >= {"agent", "llm"} and parts["llm"] >= 60, parts  # the 64 MiB it holds
+        assert abs(sum(parts.values()) - agent_calls.tree_rss_mb(os.getpid())) < 0.2 * sum(parts.values())
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.slow

@@ -85,3 +85,22 @@ def test_short_answers(text: str) -> None:
 
     assert short_answer(text)
     assert not short_answer("No, I wanted the other one") and not short_answer("") and not short_answer("Paris.")
+
+
+def test_doubted_words_or_a_sure_acoustic_verdict_shorten_an_unfinished_reading_when_asked() -> None:
+    """Off by default (the corpus measured no gain: docs/BENCHMARKS.md); when set, a garbled
+    transcript that reads unfinished waits ``between_s``, a clearly decoded one still ``unlikely_s``."""
+    garbled = "Can you explain how to cook a simple manual tube?"  # the phone line's "vegetable soup"
+    assert TurnJudge().wait_s(garbled, 0.95, 0.001, -1.2) == TurnJudge().unlikely_s  # the defaults ignore both
+    doubting = TurnJudge(doubt_logprob=-0.8)
+    assert doubting.wait_s(garbled, None, 0.001, words_logprob=-1.2) == doubting.between_s
+    assert doubting.wait_s(garbled, None, 0.001, words_logprob=-0.3) == doubting.unlikely_s
+    assert doubting.wait_s(garbled, None, 0.001) == doubting.unlikely_s  # confidence unknown
+    rescuing = TurnJudge(rescue_acoustic=0.9)
+    assert rescuing.wait_s(garbled, 0.95, 0.001) == rescuing.between_s
+    assert rescuing.wait_s(garbled, 0.5, 0.001) == rescuing.unlikely_s
+    assert rescuing.wait_s("I would like to", 0.99, 0.001) == rescuing.continuing_s  # the cue still wins
+    with pytest.raises(ValueError, match="doubt_logprob is a log-probability"):
+        TurnJudge(doubt_logprob=0.5)
+    with pytest.raises(ValueError, match="rescue_acoustic must be a probability"):
+        TurnJudge(rescue_acoustic=2.0)
