@@ -57,6 +57,13 @@ MIN_MEASURED = 10  # echo-only frames before the measured ERL/ERLE are trusted
 HISTORY = 50  # delay estimates kept in EchoStats.delay_history
 ABSENT_FRAMES = 150  # 10 ms frames of the bot arriving without an echo located: there is none
 CONVERGED_FRAMES, CONVERGED_DB = 100, 15.0  # 1 s of echo cancelled by this much: AEC3 has converged
+LINEAR_LEAD = RATE * 40 // 1000  # the linear model starts this far before the estimated delay (its error)
+LINEAR_FRAMES, LINEAR_DB = 50, 10.0  # echo-only frames the linear model must have cancelled by this much
+# frames a double-talk decision holds: a word's quiet tail and the gaps between words are the
+# caller's too. Longer where the linear model's output is handed on (little echo is left in it)
+# than where the microphone itself is
+TALK_HOLD, TALK_HOLD_LINEAR = 5, 30
+ADAPT_AFTER = 30  # frames after the caller was last heard before the linear model learns again
 BAND_HZ = (200.0, 3400.0)  # what the delay estimator compares: the band of every path, phones included
 
 
@@ -72,10 +79,12 @@ class EchoStats:
     frames: int = 0  # 10 ms near-end frames processed
     far_frames: int = 0  # of them, with the bot's audio arriving as echo
     muted_frames: int = 0  # echo residue passed on muted
+    talk_frames: int = 0  # double talk: the caller over the bot, passed without AEC3's suppression
     delay_ms: float | None = None  # the echo delay last estimated
     delay_updates: int = 0
     erl_db: float | None = None  # echo return loss: reference -> microphone
     erle_db: float | None = None  # echo return loss enhancement: microphone -> cleaned
+    linear_erle_db: float | None = None  # the same, of the linear echo model alone (double talk's output)
     cpu_s: float = 0.0  # thread CPU time spent in near() and far()
     first_far_t: float | None = None  # sample-clock time of the first bot audio (s)
     delay_history: list[tuple[float, float, float]] = field(default_factory=list)  # (t, ms, confidence)
@@ -264,6 +273,54 @@ class _Resampler:
         return self.stream.resample_chunk(x)
 
 
+class _LinearEcho:
+    """A linear model of the echo path: a partitioned-block frequency-domain NLMS filter.
+
+    AEC3 removes most of its echo with a nonlinear suppressor (its own linear filter is short,
+    and a room's tail is left to the suppressor), and a suppressor cannot tell the caller's speech
+    from the echo it shares bins with: a caller talking over the bot is ducked with it. This filter
+    only subtracts what it predicts from the reference, so what is not echo (the caller) passes
+    whole; it is what the canceller hands on while the caller talks over the bot (double talk).
+
+    Overlap-save, ``FRAME``-sample blocks, ``partitions`` blocks long (the room's tail and what
+    is left of the delay after the reference's shift). :meth:`process` predicts and subtracts;
+    :meth:`adapt` learns from that frame's error, and is called only for frames the caller was
+    judged silent in, since a caller's speech in the error would pull the filter away.
+    """
+
+    def __init__(self, partitions: int, *, mu: float = 1.0) -> None:
+        bins = FRAME + 1
+        self.mu = mu
+        self.x = np.zeros((partitions, bins), np.complex128)  # spectra of the last blocks, newest first
+        self.w = np.zeros((partitions, bins), np.complex128)
+        self._last = np.zeros(FRAME)
+        self._err = np.zeros(FRAME)
+        self.echo_db = _FLOOR_DB
+
+    def process(self, ref: np.ndarray, mic: np.ndarray) -> np.ndarray:
+        """Return ``mic`` less the echo predicted from ``ref`` (both one block, the same instant)."""
+        block = np.concatenate([self._last, ref.astype(np.float64)])
+        self._last = block[FRAME:]
+        self.x = np.roll(self.x, 1, axis=0)
+        self.x[0] = np.fft.rfft(block)
+        echo = np.fft.irfft(np.sum(self.w * self.x, axis=0), 2 * FRAME)[FRAME:]
+        self.echo_db = _db(echo)  # what it took for echo
+        self._err = mic.astype(np.float64) - echo
+        return self._err.astype(np.float32)
+
+    def adapt(self) -> None:
+        """One NLMS step on the last :meth:`process`'s error."""
+        spec = np.fft.rfft(np.concatenate([np.zeros(FRAME), self._err]))
+        # normalised by the reference's energy per bin over the filter's span (NLMS); a floor
+        # (the bot at -50 dBFS) keeps a faint reference from taking a room's tail, or the
+        # caller, for something it must be scaled up to explain
+        power = np.sum(np.abs(self.x) ** 2, axis=0)
+        norm = power + 1e-2 * power.mean() + len(self.w) * 2 * FRAME * 1e-5
+        grad = np.fft.irfft(np.conj(self.x) * spec / norm, 2 * FRAME, axis=1)
+        grad[:, FRAME:] = 0.0  # the gradient constraint: a linear, not circular, convolution
+        self.w += self.mu * np.fft.rfft(grad, axis=1)
+
+
 def _default_aec():
     """WebRTC's AEC3 at 16 kHz mono from ``pywebrtc-audio`` (see docs/BENCHMARKS.md for why not livekit.rtc's)."""
     import pywebrtc_audio
@@ -286,6 +343,10 @@ class EchoCanceller:
         aec_reach_ms: float = 400.0,
         gate_residue: bool = True,
         residue_margin_db: float = 6.0,
+        double_talk: bool = True,
+        double_talk_margin_db: float = 6.0,
+        linear_margin_db: float = 15.0,
+        linear_tail_ms: float = 320.0,
         estimate_every_s: float = 0.25,
         clock=time.monotonic,
         aec_factory=_default_aec,
@@ -297,6 +358,19 @@ class EchoCanceller:
         self.reach = int(RATE * aec_reach_ms / 1000)
         self.gate_residue = gate_residue
         self.residue_margin_db = residue_margin_db
+        self.double_talk = double_talk
+        self.double_talk_margin_db = double_talk_margin_db
+        self.linear_margin_db = linear_margin_db
+        self._linear_partitions = max(1, round(RATE * linear_tail_ms / 1000 / FRAME))
+        self._linear: _LinearEcho | None = None
+        self._linear_shift = 0
+        self._linear_erle = deque(maxlen=LINEAR_FRAMES)  # mic dB - linear output dB, echo-only frames
+        self._linear_ok = False  # the linear model cancels enough to hand its output on
+        self._talk_hold = 0  # frames the last double-talk decision still holds
+        self._linear_run = 0  # frames in a row the linear check found the caller in
+        self._since_talk = ADAPT_AFTER  # frames since the caller was last heard over the bot
+        self._mic_levels = deque(maxlen=300)  # mic dB of the last frames: the noise floor's estimate
+        self._floor_db = _FLOOR_DB
         self._estimate_every = int(RATE * estimate_every_s)
         self._since_estimate = 0
         history = self.delay.max_lag + self.delay.window + RATE
@@ -433,36 +507,118 @@ class EchoCanceller:
         return float(np.percentile(self._erle, 10)) if len(self._erle) >= MIN_MEASURED else 0.0
 
     def _judge(self, at: int, mic: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Track ERL/ERLE on echo-only frames; mute a frame that is echo residue (see the module docstring).
+        """Track ERL/ERLE on echo-only frames; pass the caller over the bot, mute echo residue (module docstring).
 
         Until enough echo-only frames are measured (the call's first bot audio, a moved delay) the
         echo is assumed as loud as the bot and not cancelled at all: a caller must then be louder
         than the bot itself to pass, for the first tenth of a second of echo that takes.
         """
+        mic_db, out_db = _db(mic), _db(out)
+        self._mic_levels.append(mic_db)
+        if self.stats.frames % 10 == 0:  # the line's noise: a low percentile of the last seconds
+            self._floor_db = float(np.percentile(self._mic_levels, 10))
         ref_db = self._loudest_db(at)
         if ref_db <= -60.0:
+            self._linear_step(at, mic)  # its reference history stays continuous
+            self._talk_hold = 0
             return out  # no bot audio arriving: nothing to judge
         self.stats.far_frames += 1
-        mic_db, out_db = _db(mic), _db(out)
         # how loud the echo gets against the bot: a high percentile of the frames below (a caller
         # speaking is neither cancelled nor far below the bot, and stays out)
         erl = float(np.percentile(self._erl, 90)) if len(self._erl) >= MIN_MEASURED else 0.0
         erle = self._erle_now()  # frames AEC3 silenced outright say nothing of it: left out below
         predicted = ref_db + erl  # the loudest the echo may be at the mic
+        echo_only = mic_db <= predicted + 3.0  # no louder than the echo
+        linear = self._linear_step(at, mic)
+        linear_erle = self._linear_erle_now() if linear is not None else None
+        # before the echo is located, the frames that measured the ERL may be ones its delay had
+        # not yet brought the echo back in (a call's first bot audio): the echo is then taken to
+        # be as loud as the bot, as the gate takes it before it has measured anything
+        loudest = predicted if self.delay.delay is not None else ref_db + max(erl, 0.0)
+        talking = self.double_talk and self._caller_over_bot(mic_db, loudest, linear, linear_erle)
+        self._since_talk = 0 if talking else self._since_talk + 1
+        # it learns from frames the caller is silent in: not between the words of an utterance
+        # either, whose quiet frames look like echo to the levels and would pull it away
+        if linear is not None and echo_only and self._since_talk >= ADAPT_AFTER:
+            self._linear.adapt()
+            if mic_db > self._floor_db + 15.0:  # echo to cancel in it, not the line's noise
+                self._linear_erle.append(mic_db - _db(linear))
         # frames that bound the echo: AEC3 took most of it (mostly echo), or the mic is far quieter
         # than the bot (whatever echo there is lies below it: headphones, a good device canceller)
         if mic_db - out_db >= 6.0 or mic_db - ref_db <= -20.0:
             self._erl.append(max(mic_db, _FLOOR_DB + 5.0) - ref_db)
-        if mic_db <= predicted + 3.0:  # no louder than the echo: an echo-only frame
-            if out_db > _FLOOR_DB + 5.0:
-                self._erle.append(mic_db - out_db)
-                self._erle_long.append(mic_db - out_db)
+        if echo_only and out_db > _FLOOR_DB + 5.0:
+            self._erle.append(mic_db - out_db)
+            self._erle_long.append(mic_db - out_db)
         self.stats.erl_db = erl if len(self._erl) >= MIN_MEASURED else None
         self.stats.erle_db = erle if len(self._erle) >= MIN_MEASURED else None
+        self.stats.linear_erle_db = linear_erle
+        if talking:
+            self.stats.talk_frames += 1
+            # the caller's speech, without AEC3's suppressor: the linear model's output once it
+            # cancels well, else the microphone itself (the echo is well below the caller then)
+            return mic if linear_erle is None else linear
         if self.gate_residue and out_db < predicted - erle + self.residue_margin_db:
             self.stats.muted_frames += 1
             return np.zeros_like(out)
         return out
+
+    def _caller_over_bot(
+        self, mic_db: float, predicted: float, linear: np.ndarray | None, linear_erle: float | None
+    ) -> bool:
+        """The double-talk check: is the caller speaking in this frame, over the bot's echo?
+
+        Yes when the microphone is well above the loudest echo the reference predicts (whatever
+        echo is in it lies that far below the caller), or when the linear model's output is well
+        above what it leaves of the echo on echo-only frames (the caller's speech is what it cannot
+        predict). Neither prediction goes below the line's noise floor: noise is not a caller. A
+        decision holds a while (``TALK_HOLD``): a word's quiet tail is the caller's too.
+
+        The linear check is against the echo the model predicts in this frame (what it subtracted),
+        which follows the echo closer than the loudest the reference allows, and its margin is
+        wider: what the model leaves varies more from frame to frame than the echo does. It must
+        hold two frames in a row to start a decision (a frame the model got wrong is seldom
+        followed by another), and an output louder than the microphone is the model adding what
+        it wrongly predicted, not a caller.
+        """
+        floor = self._floor_db
+        talking = mic_db > max(predicted, floor) + self.double_talk_margin_db
+        if not talking and linear is not None and linear_erle is not None:
+            out_db = _db(linear)
+            residue = max(self._linear.echo_db - linear_erle, floor)
+            above = residue + self.linear_margin_db < out_db <= mic_db
+            self._linear_run = self._linear_run + 1 if above else 0
+            talking = above and (self._linear_run >= 2 or self._talk_hold > 0)
+        if talking:
+            self._talk_hold = TALK_HOLD if linear_erle is None else TALK_HOLD_LINEAR
+            return True
+        if self._talk_hold:
+            self._talk_hold -= 1
+            return True
+        return False
+
+    def _linear_step(self, at: int, mic: np.ndarray) -> np.ndarray | None:
+        """The linear model's output for this frame, once the echo is located (else None)."""
+        delay = self.delay.delay
+        if not self.double_talk or delay is None:
+            return None
+        shift = max(0, delay - LINEAR_LEAD)
+        if self._linear is None or shift != self._linear_shift:
+            self._linear, self._linear_shift = _LinearEcho(self._linear_partitions), shift
+            self._linear_erle.clear()
+            self._linear_ok = False
+        ref = self._ref.read(at - shift, at - shift + FRAME)
+        return self._linear.process(ref, mic)
+
+    def _linear_erle_now(self) -> float | None:
+        """What the linear model removes from the echo, once it removes enough to rely on (else None)."""
+        if len(self._linear_erle) < LINEAR_FRAMES:
+            return None
+        # the median: a few frames of a caller taken for echo do not talk it down; relied on from
+        # LINEAR_DB on, and no longer from a few dB below it (not on and off from frame to frame)
+        erle = float(np.median(self._linear_erle))
+        self._linear_ok = erle >= (LINEAR_DB - 3.0 if self._linear_ok else LINEAR_DB)
+        return erle if self._linear_ok else None
 
 
 # ---------------------------------------------------------------- transcripts
