@@ -59,11 +59,14 @@ ABSENT_FRAMES = 150  # 10 ms frames of the bot arriving without an echo located:
 CONVERGED_FRAMES, CONVERGED_DB = 100, 15.0  # 1 s of echo cancelled by this much: AEC3 has converged
 LINEAR_LEAD = RATE * 40 // 1000  # the linear model starts this far before the estimated delay (its error)
 LINEAR_FRAMES, LINEAR_DB = 50, 10.0  # echo-only frames the linear model must have cancelled by this much
+PRETRAIN = 2 * RATE  # samples of held audio a new linear model learns from
+LINEAR_PCT = 25  # what the linear model leaves: this percentile of its recent frames' cancellation
 # frames a double-talk decision holds: a word's quiet tail and the gaps between words are the
 # caller's too. Longer where the linear model's output is handed on (little echo is left in it)
 # than where the microphone itself is
 TALK_HOLD, TALK_HOLD_LINEAR = 5, 30
 ADAPT_AFTER = 30  # frames after the caller was last heard before the linear model learns again
+TALK_MAX = 400  # frames of double talk in a row after which the linear model is no longer relied on
 BAND_HZ = (200.0, 3400.0)  # what the delay estimator compares: the band of every path, phones included
 
 
@@ -291,34 +294,54 @@ class _LinearEcho:
     def __init__(self, partitions: int, *, mu: float = 1.0) -> None:
         bins = FRAME + 1
         self.mu = mu
-        self.x = np.zeros((partitions, bins), np.complex128)  # spectra of the last blocks, newest first
-        self.w = np.zeros((partitions, bins), np.complex128)
-        self._last = np.zeros(FRAME)
-        self._err = np.zeros(FRAME)
+        self.parts = partitions
+        # the reference's block spectra, twice over: x[head : head + parts] is the last ``parts``
+        # of them, newest first, without moving any (w[k] goes with the block k blocks back)
+        self._x = np.zeros((2 * partitions, bins), np.complex64)
+        self._p = np.zeros((2 * partitions, bins), np.float32)  # their power per bin
+        self._head = partitions
+        self.w = np.zeros((partitions, bins), np.complex64)
+        self._power = np.zeros(bins, np.float32)  # the reference's power per bin over the span
+        self._turn = 0  # the partition whose gradient is constrained this frame
+        self._last = np.zeros(FRAME, np.float32)
+        self._err = np.zeros(FRAME, np.float32)
         self.echo_db = _FLOOR_DB
+
+    @property
+    def x(self) -> np.ndarray:
+        return self._x[self._head : self._head + self.parts]
 
     def process(self, ref: np.ndarray, mic: np.ndarray) -> np.ndarray:
         """Return ``mic`` less the echo predicted from ``ref`` (both one block, the same instant)."""
-        block = np.concatenate([self._last, ref.astype(np.float64)])
+        block = np.concatenate([self._last, ref.astype(np.float32)])
         self._last = block[FRAME:]
-        self.x = np.roll(self.x, 1, axis=0)
-        self.x[0] = np.fft.rfft(block)
-        echo = np.fft.irfft(np.sum(self.w * self.x, axis=0), 2 * FRAME)[FRAME:]
+        spec = np.fft.rfft(block).astype(np.complex64)
+        power = (spec.real**2 + spec.imag**2).astype(np.float32)
+        self._head = (self._head - 1) % self.parts  # the oldest block's place takes the new one
+        h = self._head
+        self._power += power - self._p[h]
+        np.maximum(self._power, 0.0, out=self._power)
+        self._x[h] = self._x[h + self.parts] = spec
+        self._p[h] = self._p[h + self.parts] = power
+        echo = np.fft.irfft(np.einsum("ij,ij->j", self.w, self.x), 2 * FRAME)[FRAME:]
         self.echo_db = _db(echo)  # what it took for echo
-        self._err = mic.astype(np.float64) - echo
-        return self._err.astype(np.float32)
+        self._err = (mic - echo).astype(np.float32)
+        return self._err
 
     def adapt(self) -> None:
         """One NLMS step on the last :meth:`process`'s error."""
-        spec = np.fft.rfft(np.concatenate([np.zeros(FRAME), self._err]))
+        spec = np.fft.rfft(np.concatenate([np.zeros(FRAME, np.float32), self._err]))
         # normalised by the reference's energy per bin over the filter's span (NLMS); a floor
         # (the bot at -50 dBFS) keeps a faint reference from taking a room's tail, or the
         # caller, for something it must be scaled up to explain
-        power = np.sum(np.abs(self.x) ** 2, axis=0)
-        norm = power + 1e-2 * power.mean() + len(self.w) * 2 * FRAME * 1e-5
-        grad = np.fft.irfft(np.conj(self.x) * spec / norm, 2 * FRAME, axis=1)
-        grad[:, FRAME:] = 0.0  # the gradient constraint: a linear, not circular, convolution
-        self.w += self.mu * np.fft.rfft(grad, axis=1)
+        norm = self._power + 1e-2 * self._power.mean() + self.parts * 2 * FRAME * 1e-5
+        self.w += np.conj(self.x) * (self.mu * spec / norm).astype(np.complex64)
+        # the gradient constraint (a linear, not circular, convolution), one partition a frame in
+        # turn: each is kept linear as often as needed, at a partition's cost
+        k = self._turn = (self._turn + 1) % self.parts
+        taps = np.fft.irfft(self.w[k], 2 * FRAME)
+        taps[FRAME:] = 0.0
+        self.w[k] = np.fft.rfft(taps)
 
 
 def _default_aec():
@@ -368,6 +391,7 @@ class EchoCanceller:
         self._linear_ok = False  # the linear model cancels enough to hand its output on
         self._talk_hold = 0  # frames the last double-talk decision still holds
         self._linear_run = 0  # frames in a row the linear check found the caller in
+        self._talk_run = 0  # frames in a row judged double talk
         self._since_talk = ADAPT_AFTER  # frames since the caller was last heard over the bot
         self._mic_levels = deque(maxlen=300)  # mic dB of the last frames: the noise floor's estimate
         self._floor_db = _FLOOR_DB
@@ -534,12 +558,22 @@ class EchoCanceller:
         # before the echo is located, the frames that measured the ERL may be ones its delay had
         # not yet brought the echo back in (a call's first bot audio): the echo is then taken to
         # be as loud as the bot, as the gate takes it before it has measured anything
+        # (and right after it is located, before the ERL is measured again, no frame is judged so)
         loudest = predicted if self.delay.delay is not None else ref_db + max(erl, 0.0)
+        if len(self._erl) < MIN_MEASURED:
+            loudest = max(loudest, 0.0)
         talking = self.double_talk and self._caller_over_bot(mic_db, loudest, linear, linear_erle)
         self._since_talk = 0 if talking else self._since_talk + 1
+        self._talk_run = self._talk_run + 1 if talking else 0
+        if self._talk_run > TALK_MAX and self._linear_ok:
+            # "the caller" for this long, over the bot, is more likely the echo path changed under
+            # the linear model (it then leaves echo that looks like a caller): it learns again
+            self._linear_ok, self._talk_run = False, 0
+            self._linear_erle.clear()
         # it learns from frames the caller is silent in: not between the words of an utterance
-        # either, whose quiet frames look like echo to the levels and would pull it away
-        if linear is not None and echo_only and self._since_talk >= ADAPT_AFTER:
+        # either, whose quiet frames look like echo to the levels and would pull it away, nor
+        # from a single frame the linear check found the caller in
+        if linear is not None and echo_only and self._since_talk >= ADAPT_AFTER and not self._linear_run:
             self._linear.adapt()
             if mic_db > self._floor_db + 15.0:  # echo to cancel in it, not the line's noise
                 self._linear_erle.append(mic_db - _db(linear))
@@ -578,15 +612,16 @@ class EchoCanceller:
         which follows the echo closer than the loudest the reference allows, and its margin is
         wider: what the model leaves varies more from frame to frame than the echo does. It must
         hold two frames in a row to start a decision (a frame the model got wrong is seldom
-        followed by another), and an output louder than the microphone is the model adding what
-        it wrongly predicted, not a caller.
+        followed by another), and an output clearly louder than the microphone is the model adding
+        what it wrongly predicted, not a caller (the caller's speech and the echo add up to the
+        microphone, give or take their phases).
         """
         floor = self._floor_db
         talking = mic_db > max(predicted, floor) + self.double_talk_margin_db
         if not talking and linear is not None and linear_erle is not None:
             out_db = _db(linear)
             residue = max(self._linear.echo_db - linear_erle, floor)
-            above = residue + self.linear_margin_db < out_db <= mic_db
+            above = residue + self.linear_margin_db < out_db <= mic_db + 3.0
             self._linear_run = self._linear_run + 1 if above else 0
             talking = above and (self._linear_run >= 2 or self._talk_hold > 0)
         if talking:
@@ -607,18 +642,40 @@ class EchoCanceller:
             self._linear, self._linear_shift = _LinearEcho(self._linear_partitions), shift
             self._linear_erle.clear()
             self._linear_ok = False
+            self._pretrain(at, shift)
         ref = self._ref.read(at - shift, at - shift + FRAME)
         return self._linear.process(ref, mic)
+
+    def _pretrain(self, at: int, shift: int) -> None:
+        """Train a new linear model on the seconds of microphone and reference already held.
+
+        A delay is located only after seconds of the bot's audio, and a caller may talk over the
+        bot soon after: a model that starts learning then is not ready for them. The audio that
+        located the delay is still in the rings, so the model learns from it at once (the caller
+        is seldom talking over the bot in it: the delay's estimate would not have been sure).
+        """
+        lin, start = self._linear, max(at - PRETRAIN, self._mic.end - self._mic.size)
+        frames = range(at - (at - start) // FRAME * FRAME, at, FRAME)
+        for last in (False, True):  # twice over: it has only as much of the bot as it took to locate it
+            for a in frames:
+                ref, mic = self._ref.read(a - shift, a - shift + FRAME), self._mic.read(a, a + FRAME)
+                out = lin.process(ref, mic)
+                if _db(ref) > -60.0:
+                    lin.adapt()
+                mic_db = _db(mic)
+                if last and mic_db > self._floor_db + 15.0:
+                    self._linear_erle.append(mic_db - _db(out))
 
     def _linear_erle_now(self) -> float | None:
         """What the linear model removes from the echo, once it removes enough to rely on (else None)."""
         if len(self._linear_erle) < LINEAR_FRAMES:
             return None
-        # the median: a few frames of a caller taken for echo do not talk it down; relied on from
-        # LINEAR_DB on, and no longer from a few dB below it (not on and off from frame to frame)
+        # relied on from a median of LINEAR_DB on, and no longer from a few dB below it (not on and
+        # off from frame to frame; a few frames of a caller taken for echo do not talk the median
+        # down); what it leaves is judged by its weaker frames, a low percentile
         erle = float(np.median(self._linear_erle))
         self._linear_ok = erle >= (LINEAR_DB - 3.0 if self._linear_ok else LINEAR_DB)
-        return erle if self._linear_ok else None
+        return float(np.percentile(self._linear_erle, LINEAR_PCT)) if self._linear_ok else None
 
 
 # ---------------------------------------------------------------- transcripts
