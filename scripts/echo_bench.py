@@ -15,7 +15,9 @@ scenario (delay x level x drift x room):
 * **delay**: the estimate against the path's true delay at the end (ms);
 * **CPU**: thread CPU seconds per second of call;
 * **double talk**: a caller (espeak-ng, not the bot's voice) speaks over the bot; WER of Whisper
-  tiny.en on the raw microphone vs the cleaned audio (the caller alone is the reference).
+  tiny.en per stage: the raw microphone, AEC3 alone (no residue gate, no double-talk pass), the
+  canceller as the agent runs it ("cleaned"), the caller alone through the canceller (no bot
+  audio: what the canceller does to a caller by itself) and the caller alone raw, per echo level.
 
 And the two AEC3 wheels side by side (LiveKit's ``rtc.AudioProcessingModule`` and
 ``pywebrtc-audio``), fed sample-synchronously: ERLE and CPU, the comparison behind the choice.
@@ -119,18 +121,33 @@ def double_talk(far: np.ndarray, model, *, gain_db: float, seed: int) -> dict:
     k = int(3.0 * SR)
     voice[k : k + len(caller)] = caller[: len(voice) - k]
     mic = echo + voice + noise
-    out = (
-        through_canceller(EchoCanceller(), to_int16(mic), to_int16(far), rate=SR, seed=seed).astype(np.float32) / 32768
-    )
+
+    def cleaned(x: np.ndarray, ref: np.ndarray, **kw) -> tuple[np.ndarray, EchoCanceller]:
+        ec = EchoCanceller(**kw)
+        return through_canceller(ec, to_int16(x), to_int16(ref), rate=SR, seed=seed).astype(np.float32) / 32768, ec
+
+    out, canceller = cleaned(mic, far)
+    aec3, _ = cleaned(mic, far, gate_residue=False, double_talk=False)
+    alone, _ = cleaned(voice + noise, np.zeros(0, np.float32))
     seg = slice(k - SR // 4, k + len(caller) + SR // 4)
-    heard = {
-        name: transcribe(model, x[seg].astype(np.float32))
-        for name, x in (("raw", mic), ("cleaned", out), ("caller_alone", voice + noise))
-    }
+    stages = (
+        ("raw", mic),
+        ("aec3_only", aec3),
+        ("cleaned", out),
+        ("caller_alone_cleaned", alone),
+        ("caller_alone", voice + noise),
+    )
+    heard = {name: transcribe(model, x[seg].astype(np.float32)) for name, x in stages}
+    # what is left of the echo once the caller has stopped (the bot still talking): the residue
+    # the VAD and the STT would hear, mic power over cleaned power
+    tail = slice(k + len(caller) + SR // 4, len(out))
+    windows = erle_windows(mic[tail], out[tail], echo[: len(out)][tail], rate=SR)
     return {
         "gain_db": gain_db,
         "seed": seed,
         **{f"wer_{k}": round(wer(CALLER, v), 3) for k, v in heard.items()},
+        "erle_after_caller_median_db": round(float(np.median([e for _t, e in windows])), 1) if windows else None,
+        "talk_frames": canceller.stats.talk_frames,
         "heard": heard,
     }
 
@@ -254,11 +271,21 @@ def main(argv: list[str] | None = None) -> None:
 
     model = shared_whisper(default_model_path())
     talk = [double_talk(far, model, gain_db=g, seed=s) for g in (-12, -6, 0) for s in (1, 2)]
+    stages = ("raw", "aec3_only", "cleaned", "caller_alone_cleaned", "caller_alone")
     for t in talk:
         print(
-            f"  {t['gain_db']:+} dB: WER raw {t['wer_raw']}, cleaned {t['wer_cleaned']}, "
-            f"caller alone {t['wer_caller_alone']}"
+            f"  {t['gain_db']:+} dB seed {t['seed']}: WER raw {t['wer_raw']}, AEC3 only {t['wer_aec3_only']}, "
+            f"cleaned {t['wer_cleaned']}, caller alone through the canceller {t['wer_caller_alone_cleaned']}, "
+            f"caller alone {t['wer_caller_alone']}; echo after the caller: "
+            f"{t['erle_after_caller_median_db']} dB below the mic ({t['heard']['cleaned']!r})"
         )
+    talk_by_level = {
+        f"{g:+}": {s: round(float(np.mean([t[f"wer_{s}"] for t in talk if t["gain_db"] == g])), 3) for s in stages}
+        for g in (-12, -6, 0)
+    }
+    print("| echo | " + " | ".join(f"WER {s}" for s in stages) + " |")
+    for g, row in talk_by_level.items():
+        print(f"| {g} dB | " + " | ".join(str(row[s]) for s in stages) + " |")
     print("the two AEC3 wheels ...", flush=True)
     wheel_rows = [wheels(far, delay_ms=d, gain_db=g) for d in (200, 400) for g in (-6, 0)]
     for w in wheel_rows:
@@ -287,9 +314,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "delay_not_found": sum(r["canceller"]["delay_error_ms"] is None for r in rows),
         "cpu_per_call_s_median": med("cpu_per_call_s"),
-        "wer_raw_mean": round(float(np.mean([t["wer_raw"] for t in talk])), 3),
-        "wer_cleaned_mean": round(float(np.mean([t["wer_cleaned"] for t in talk])), 3),
-        "wer_caller_alone_mean": round(float(np.mean([t["wer_caller_alone"] for t in talk])), 3),
+        **{f"wer_{s}_mean": round(float(np.mean([t[f"wer_{s}"] for t in talk])), 3) for s in stages},
+        "wer_by_echo_db": talk_by_level,
     }
     print(json.dumps(summary, indent=1))
     if args.json:
