@@ -46,12 +46,22 @@ from typing import Any
 
 import aiohttp
 from loguru import logger
-from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
-from pipecat.processors.frame_processor import FrameProcessorSetup
+from pipecat.frames.frames import (
+    EagerEndOfTurnCancelFrame,
+    ErrorFrame,
+    Frame,
+    InterruptionFrame,
+    TTSAudioRawFrame,
+    TTSStoppedFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessorSetup
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
 from websockets.protocol import State
 
+from agent.pipecat_speculation import SpeculativeResponseFrame
 from tts_service import protocol as P
 from tts_service.client import Replica, wait_for_ack
 from tts_service.driver import RENAMED, ClientDriver, ConnectionSettings, StreamvoxStats, renamed_settings
@@ -183,6 +193,11 @@ class StreamvoxTTSService(WebsocketTTSService):
         self._receive_task: asyncio.Task | None = None
         self._condemned: Any = None  # the socket aborted for a missing ack (not a replica failure)
         self._unspoken_context: str | None = None  # the context already told "not connected"
+        # speculative audio (agent.pipecat_speculation): whether what is synthesised now answers a
+        # turn not yet confirmed, and whether the user's turn has ended since it last started
+        self._speculative = False
+        self._turn_ended = False
+        self.withdrawn = 0  # speculative replies whose synthesis was cancelled (figures)
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -376,6 +391,26 @@ class StreamvoxTTSService(WebsocketTTSService):
             logger.warning(f"{self} sending 'end' failed: {exc}")
 
     # ------------------------------------------------------------------ barge-in
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, SpeculativeResponseFrame):
+            self._speculative = not self._turn_ended  # a turn already over: nothing speculative left
+        elif isinstance(frame, UserStartedSpeakingFrame):
+            self._turn_ended = False
+        elif isinstance(frame, UserStoppedSpeakingFrame):
+            self._turn_ended, self._speculative = True, False  # confirmed: this is the reply
+        elif isinstance(frame, EagerEndOfTurnCancelFrame) and self._speculative:
+            await self._withdraw_speculation()
+        await super().process_frame(frame, direction)
+
+    async def _withdraw_speculation(self) -> None:
+        """The caller went on: stop synthesising a reply that answered half a turn (acknowledged,
+        as a barge-in is) and drop its text still queued here; nothing of it was heard (the hold
+        after this service drops its audio)."""
+        self._speculative = False
+        self.withdrawn += 1
+        await self._start_interruption()  # the stopped inference's text still in this queue
+        await self._handle_interruption(InterruptionFrame(), FrameDirection.DOWNSTREAM)  # cancels its contexts
 
     async def on_audio_context_interrupted(self, context_id: str) -> None:
         """Gate the context now; cancel and track the ack in the background.

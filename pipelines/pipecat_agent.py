@@ -63,6 +63,7 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 
 from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_echo import PipecatEcho
+from agent.pipecat_speculation import SpeculativeAudioHold, hold_audio_not_text
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
 from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, greeting, llm_temperature, system_prompt
@@ -92,9 +93,11 @@ class AgentConfig:
     # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.runtime.echo):
     # "phone" (the default: speakerphones and line echo), "on" (the page too), "off"
     echo_cancel: str = "phone"
-    # STREAMVOX_SPECULATE=on|off: the reply's LLM inference starts at the first transcript after a
-    # VAD stop, held until the end of turn confirms it (pipelines.pipecat_turns)
+    # STREAMVOX_SPECULATE=on|text|off: the reply's LLM inference starts at the first transcript after
+    # a VAD stop (pipelines.pipecat_turns); "on": its audio too, held after the TTS until the end of
+    # turn confirms it (agent.pipecat_speculation); "text": its text held in the LLM (Pipecat's own)
     speculate: bool = True
+    speculate_audio: bool = True
     # STREAMVOX_END_OF_TURN: "judge" (default: pipelines.turn_judge on the transcript's cue and the
     # caller's words as SmolLM2 reads them, pipelines.text_turn) or "smart-turn" (its verdict, 1 s timeout)
     end_of_turn: str = "judge"
@@ -117,17 +120,18 @@ class AgentConfig:
             system_prompt=system_prompt(env),
             greeting=greeting(env),
             echo_cancel=echo_mode(env),
-            speculate=speculate_mode(env),
+            speculate=speculate_mode(env) != "off",
+            speculate_audio=speculate_mode(env) == "on",
             end_of_turn=end_of_turn_mode(env),
         )
 
 
-def speculate_mode(env) -> bool:
-    """STREAMVOX_SPECULATE (default on); ValueError with a one-line reason for anything but on/off."""
+def speculate_mode(env) -> str:
+    """STREAMVOX_SPECULATE (default on); ValueError with a one-line reason for anything but on/text/off."""
     raw = env.get("STREAMVOX_SPECULATE", "").strip().lower() or "on"
-    if raw not in ("on", "off"):
-        raise ValueError(f"STREAMVOX_SPECULATE must be on or off, got {env.get('STREAMVOX_SPECULATE')!r}")
-    return raw == "on"
+    if raw not in ("on", "text", "off"):
+        raise ValueError(f"STREAMVOX_SPECULATE must be on, text or off, got {env.get('STREAMVOX_SPECULATE')!r}")
+    return raw
 
 
 END_OF_TURN_MODES = ("judge", "smart-turn")
@@ -197,6 +201,7 @@ class Agent:
     figures: StageFigures
     echo: PipecatEcho | None = None  # the call's echo canceller and its figures (None: not on this path)
     turns: Any = None  # the call's stop strategy (a SpeculativeTurnStop counts its speculations)
+    hold: SpeculativeAudioHold | None = None  # where a speculative reply's audio waits (None: not held)
 
 
 # Longer than the judge's longest wait (1.8 s after the VAD stop) plus a slow transcript: a phone
@@ -259,6 +264,10 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     # (on the page, not by default: with no echo to find, a false one found under a caller who talks
     # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
     echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
+    # a speculative reply's audio is made during the wait and held after the TTS (its text is not held)
+    hold = SpeculativeAudioHold() if config.speculate and config.speculate_audio else None
+    if hold is not None:
+        hold_audio_not_text(llm)
     # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
     # caller's first speech window until Pipecat's interruption confirms it (or resumes)
     pipeline = Pipeline(
@@ -270,6 +279,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
             pair.user(),
             llm,
             tts,
+            *([hold] if hold is not None else []),
             YieldGate(lead_ms=GATE_LEAD_MS),
             *([echo.reference()] if echo else []),
             transport.output(),
@@ -297,7 +307,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     async def _bye(_transport, _client) -> None:
         await worker.cancel()
 
-    return Agent(worker, context, tts, figures, echo, strategies.stop[0])
+    return Agent(worker, context, tts, figures, echo, strategies.stop[0], hold)
 
 
 def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePrompts | None = None):

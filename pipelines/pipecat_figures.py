@@ -19,6 +19,10 @@ A caller turn (``kind: "turn"``), ms after the caller's speech end:
 * ``end_of_turn``: the user aggregator decided the turn was over (``UserStoppedSpeakingFrame``);
 * ``llm_first_token``: the LLM's first text;
 * ``tts_first_audio``: the first audio frame out of the TTS service;
+
+  (both can come before ``end_of_turn``: a speculative reply's text and audio are made during the
+  wait and held until the end of turn, ``agent.pipecat_speculation``; a speculation the caller
+  withdraws by speaking on leaves no figure);
 * ``transport_first_audio``: the output transport started sending it (``BotStartedSpeakingFrame``);
 * ``tts_ttfb``: the TTS service's own first text -> first audio (a duration, not an offset).
 
@@ -159,10 +163,10 @@ class StageFigures(BaseObserver):
             turn["stt_final"] = now
         elif isinstance(frame, UserStoppedSpeakingFrame) and turn is not None:
             turn.setdefault("end_of_turn", now)
-        elif isinstance(frame, LLMTextFrame) and turn is not None and "end_of_turn" in turn:
+        elif isinstance(frame, LLMTextFrame) and turn is not None and "vad_stop" in turn:
             turn.setdefault("llm_first_token", now)
         elif isinstance(frame, TTSAudioRawFrame):
-            if turn is not None and "end_of_turn" in turn and source is self.tts:
+            if turn is not None and "vad_stop" in turn and source is self.tts:
                 turn.setdefault("tts_first_audio", now)
         elif isinstance(frame, MetricsFrame):
             for d in frame.data:
@@ -170,6 +174,9 @@ class StageFigures(BaseObserver):
                 if isinstance(d, TTFBMetricsData) and d.value > 0 and d.processor == tts_name:
                     self._ttfb_s = d.value
         elif isinstance(frame, VADUserStartedSpeakingFrame):
+            if turn is not None and "end_of_turn" not in turn:  # the caller goes on: that speculation is void
+                turn.pop("llm_first_token", None)
+                turn.pop("tts_first_audio", None)
             if self._bot_speaking and self._barge is None:
                 acks = float(self.tts.stats.cancel_acks) if self.tts is not None else 0.0
                 origin, how = self._speech_onset(now, frame.start_secs)

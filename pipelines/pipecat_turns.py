@@ -17,8 +17,9 @@ protocol, which its LLM services already honour:
   (``EagerEndOfTurnCancelFrame``): the LLM service stops that inference and drops what it held;
   nothing of it is heard, and the turn's words are answered together when it does end.
 
-The held response is text: the TTS starts on it at the release, so the TTS's first audio is still
-after the end of turn (holding audio too would need the TTS to run for a turn that may not be).
+Pipecat holds the response's text in the LLM service, so the TTS would start only at the release;
+the demo holds its audio instead (``agent.pipecat_speculation``, ``STREAMVOX_SPECULATE=on``): the
+TTS runs during the wait too, and a withdrawn reply's synthesis is cancelled on the server.
 :attr:`SpeculativeTurnStop.counts` says how much work was wasted.
 """
 

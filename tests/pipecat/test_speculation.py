@@ -42,7 +42,13 @@ def test_same_words() -> None:
 
 
 async def _call(
-    engine, utterance: bytes, replies: list[str], *, speculate: bool = True, end_of_turn: str = "smart-turn"
+    engine,
+    utterance: bytes,
+    replies: list[str],
+    *,
+    speculate: bool = True,
+    end_of_turn: str = "smart-turn",
+    speculate_audio: bool = True,
 ):
     """One phone call that says ``utterance`` after the line settles; (LLM requests, the caller, its
     speech end, the agent) once the agent has answered and gone quiet. The end of turn is smart-turn's
@@ -58,6 +64,7 @@ async def _call(
             llm_model="fake",
             greeting=None,
             speculate=speculate,
+            speculate_audio=speculate_audio,
             end_of_turn=end_of_turn,
         )
         async with room_server(config) as (base, agents):
