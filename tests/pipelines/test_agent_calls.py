@@ -78,3 +78,10 @@ def test_two_phone_callers_asking_at_once_are_both_answered_by_the_real_demo() -
     assert all(c["greeting_s"] is not None for c in calls), calls  # each heard the greeting
     assert all(c["v2v_s"] is not None and 0 < c["v2v_s"] < 10.0 for c in calls), calls
     assert max(c["spoke_after_first_s"] for c in calls) < 0.1, calls  # they did ask at the same moment
+
+
+def test_the_tts_soak_replies_are_long_varied_and_the_same_every_run() -> None:
+    tts_soak = load_script("tts_soak")
+    texts = tts_soak.replies(20)
+    assert texts == tts_soak.replies(20) and len(set(texts)) == 20
+    assert all(t.endswith(".") for t in texts) and min(len(t) for t in texts) > 150  # many sentences each
