@@ -54,6 +54,7 @@ FRAME = RATE // 100  # AEC3 works on 10 ms frames
 _FLOOR_DB = -90.0
 SPREAD = RATE * 120 // 1000  # samples either side of the estimated delay the echo may come from
 MIN_MEASURED = 10  # echo-only frames before the measured ERL/ERLE are trusted
+ERL_FRAMES = 50  # ... and before the double-talk check trusts the ERL as a bound
 HISTORY = 50  # delay estimates kept in EchoStats.delay_history
 ABSENT_FRAMES = 150  # 10 ms frames of the bot arriving without an echo located: there is none
 CONVERGED_FRAMES, CONVERGED_DB = 100, 15.0  # 1 s of echo cancelled by this much: AEC3 has converged
@@ -558,10 +559,11 @@ class EchoCanceller:
         # before the echo is located, the frames that measured the ERL may be ones its delay had
         # not yet brought the echo back in (a call's first bot audio): the echo is then taken to
         # be as loud as the bot, as the gate takes it before it has measured anything
-        # (and right after it is located, before the ERL is measured again, no frame is judged so)
+        # (and right after it is located, until the ERL is measured again on enough frames, no
+        # frame is judged so: a few frames' percentile is too low a bound)
         loudest = predicted if self.delay.delay is not None else ref_db + max(erl, 0.0)
-        if len(self._erl) < MIN_MEASURED:
-            loudest = max(loudest, 0.0)
+        if len(self._erl) < ERL_FRAMES:
+            loudest = 0.0  # full scale: nothing is that far above it
         talking = self.double_talk and self._caller_over_bot(mic_db, loudest, linear, linear_erle)
         self._since_talk = 0 if talking else self._since_talk + 1
         self._talk_run = self._talk_run + 1 if talking else 0
