@@ -33,9 +33,22 @@ predicts the echo's level at the microphone from the reference (its level at the
 plus the measured echo return loss) and what should remain of it after cancellation (less the
 measured enhancement). A frame whose cleaned level is not clearly above that prediction, while the
 bot's audio is arriving, is **echo residue** and is passed on muted (``gate_residue``): the VAD,
-the barge-in and the STT never see it, and a caller speaking over the bot (double talk) is well
-above it and passes. :func:`echo_transcript` is the last check: a transcript that only repeats
-words the bot just played is not a caller's turn.
+the barge-in and the STT never see it. :func:`echo_transcript` is the last check: a transcript
+that only repeats words the bot just played is not a caller's turn.
+
+**A caller speaking over the bot (double talk)** must not be lost with the echo, and AEC3 loses
+them: most of what it removes it removes with a nonlinear suppressor (its own linear filter is
+short, a room's tail is left to the suppressor), which ducks the caller with the echo they share
+bins with, and the gate then mutes what is left of the caller's quieter frames. So beside AEC3 runs
+a linear model of the echo path over the room's tail (:class:`_LinearEcho`, a frequency-domain
+NLMS filter on the reference at our delay estimate), which subtracts only what it predicts and
+leaves the caller whole. A frame is **double talk** when the microphone is well above the loudest
+echo the reference predicts, or when the linear model's output is well above what it leaves of the
+echo on echo-only frames; the decision holds through the gaps between words, and while it holds
+the canceller hands on the linear model's output (or the microphone itself, where the caller is
+that far above the echo and the linear model does not cancel well yet) instead of AEC3's. The
+linear model learns only from frames the caller is judged silent in, and from the audio already
+held when the delay is located, so it is ready soon after.
 """
 
 from __future__ import annotations
