@@ -491,6 +491,10 @@ class EchoCanceller:
         ref = self._ref.read(now - d.window - d.max_lag, now)
         if _db(ref[-d.window :]) < -50.0:
             return
+        if d.delay is not None and self._since_talk < d.window // FRAME:
+            # the caller talked over the bot within the window: their speech can put a false peak
+            # up, twice in a row, and moving the delay then would cost the caller the linear model
+            return
         near = self._mic.read(now - d.window, now)
         adopted = d.update(near, ref)
         if adopted is not None:
