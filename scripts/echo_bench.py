@@ -16,8 +16,9 @@ scenario (delay x level x drift x room):
 * **CPU**: thread CPU seconds per second of call;
 * **double talk**: a caller (espeak-ng, not the bot's voice) speaks over the bot; WER of Whisper
   tiny.en per stage: the raw microphone, AEC3 alone (no residue gate, no double-talk pass), the
-  canceller as the agent runs it ("cleaned"), the caller alone through the canceller (no bot
-  audio: what the canceller does to a caller by itself) and the caller alone raw, per echo level.
+  canceller as the agent runs it ("cleaned"), the same with its double-talk pass on (off by
+  default), the caller alone through the canceller (no bot audio: what the canceller does to a
+  caller by itself) and the caller alone raw, per echo level.
 
 And the two AEC3 wheels side by side (LiveKit's ``rtc.AudioProcessingModule`` and
 ``pywebrtc-audio``), fed sample-synchronously: ERLE and CPU, the comparison behind the choice.
@@ -126,7 +127,8 @@ def double_talk(far: np.ndarray, model, *, gain_db: float, seed: int) -> dict:
         ec = EchoCanceller(**kw)
         return through_canceller(ec, to_int16(x), to_int16(ref), rate=SR, seed=seed).astype(np.float32) / 32768, ec
 
-    out, canceller = cleaned(mic, far)
+    out, _ = cleaned(mic, far)
+    passed, canceller = cleaned(mic, far, double_talk=True)
     aec3, _ = cleaned(mic, far, gate_residue=False, double_talk=False)
     alone, _ = cleaned(voice + noise, np.zeros(0, np.float32))
     seg = slice(k - SR // 4, k + len(caller) + SR // 4)
@@ -134,14 +136,15 @@ def double_talk(far: np.ndarray, model, *, gain_db: float, seed: int) -> dict:
         ("raw", mic),
         ("aec3_only", aec3),
         ("cleaned", out),
+        ("double_talk_pass", passed),
         ("caller_alone_cleaned", alone),
         ("caller_alone", voice + noise),
     )
     heard = {name: transcribe(model, x[seg].astype(np.float32)) for name, x in stages}
     # what is left of the echo once the caller has stopped (the bot still talking): the residue
     # the VAD and the STT would hear, mic power over cleaned power
-    tail = slice(k + len(caller) + SR // 4, len(out))
-    windows = erle_windows(mic[tail], out[tail], echo[: len(out)][tail], rate=SR)
+    tail = slice(k + len(caller) + SR // 4, len(passed))
+    windows = erle_windows(mic[tail], passed[tail], echo[: len(passed)][tail], rate=SR)
     return {
         "gain_db": gain_db,
         "seed": seed,
@@ -271,13 +274,14 @@ def main(argv: list[str] | None = None) -> None:
 
     model = shared_whisper(default_model_path())
     talk = [double_talk(far, model, gain_db=g, seed=s) for g in (-12, -6, 0) for s in (1, 2)]
-    stages = ("raw", "aec3_only", "cleaned", "caller_alone_cleaned", "caller_alone")
+    stages = ("raw", "aec3_only", "cleaned", "double_talk_pass", "caller_alone_cleaned", "caller_alone")
     for t in talk:
         print(
             f"  {t['gain_db']:+} dB seed {t['seed']}: WER raw {t['wer_raw']}, AEC3 only {t['wer_aec3_only']}, "
-            f"cleaned {t['wer_cleaned']}, caller alone through the canceller {t['wer_caller_alone_cleaned']}, "
-            f"caller alone {t['wer_caller_alone']}; echo after the caller: "
-            f"{t['erle_after_caller_median_db']} dB below the mic ({t['heard']['cleaned']!r})"
+            f"cleaned {t['wer_cleaned']}, with the double-talk pass {t['wer_double_talk_pass']}, "
+            f"caller alone through the canceller {t['wer_caller_alone_cleaned']}, "
+            f"caller alone {t['wer_caller_alone']}; echo after the caller (with the pass): "
+            f"{t['erle_after_caller_median_db']} dB below the mic ({t['heard']['double_talk_pass']!r})"
         )
     talk_by_level = {
         f"{g:+}": {s: round(float(np.mean([t[f"wer_{s}"] for t in talk if t["gain_db"] == g])), 3) for s in stages}

@@ -57,9 +57,10 @@ def whisper():
 def test_the_callers_words_survive_double_talk(bot_voice, caller, whisper, gain_db) -> None:
     """The caller talks over the bot 3 s into its speech (the bot keeps talking: the worst case).
 
-    Through the canceller the words must be read about as well as from the raw microphone (the
-    echo under the caller is what the raw read has to fight; the canceller must not add a loss of
-    its own), and once the caller stops the echo must still be kept from the VAD and the STT.
+    Through the canceller with its double-talk pass the words must be read about as well as from
+    the raw microphone (the echo under the caller is what the raw read has to fight; the canceller
+    must not add a loss of its own), and once the caller stops the echo must still be kept from the
+    VAD and the STT. The pass is off by default (docs/BENCHMARKS.md says why), so it is asked for.
     """
     from pipelines.stt import transcribe
 
@@ -73,7 +74,7 @@ def test_the_callers_words_survive_double_talk(bot_voice, caller, whisper, gain_
     voice[k : k + len(caller)] = caller[: n - k]
     mic = echo + voice + noise
 
-    canceller = EchoCanceller()
+    canceller = EchoCanceller(double_talk=True)  # off by default: the LiveKit worker's test (BENCHMARKS)
     out = through_canceller(canceller, to_int16(mic), to_int16(bot_voice), rate=SR).astype(np.float32) / 32768
     seg = slice(k - SR // 4, k + len(caller) + SR // 4)
     heard_raw, heard = transcribe(whisper, mic[seg]), transcribe(whisper, out[seg])
