@@ -95,7 +95,7 @@ def run_scenario(far: np.ndarray, *, delay_ms: float, gain_db: float, drift: flo
     mic = to_int16(echo + noise)
     row: dict = {"delay_ms": delay_ms, "gain_db": gain_db, "drift_ms_per_s": drift, "rt60_s": rt60, "seed": seed}
     for name, gate in (("aec3_only", False), ("canceller", True)):
-        canceller = EchoCanceller(gate_residue=gate, double_talk=gate)  # AEC3 only: neither gate nor pass
+        canceller = EchoCanceller(gate_residue=gate)  # as the agent runs it (double-talk pass off), or AEC3 only
         out = through_canceller(canceller, mic, to_int16(far), rate=SR, seed=seed).astype(np.float32) / 32768
         n = len(out)
         windows = erle_windows((echo + noise)[:n], out, echo[:n], rate=SR)
@@ -220,7 +220,7 @@ def early_barge_in(far: np.ndarray) -> list[dict]:
             ]
             row = {"caller": name, "onset_s": onset}
             for part, gate in (("canceller", True), ("aec3_only", False)):
-                ec = EchoCanceller(gate_residue=gate, double_talk=gate)
+                ec = EchoCanceller(gate_residue=gate)
                 out = through_canceller(ec, to_int16(mic), to_int16(far), rate=SR).astype(np.float32) / 32768
                 ducked = [i for i in loud if np.mean(out[i : i + 160] ** 2) < 0.01 * np.mean(mic[i : i + 160] ** 2)]
                 row[part] = {"ducked": round(len(ducked) / max(1, len(loud)), 2), "false_delay_ms": ec.stats.delay_ms}
