@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from support.pipecat_harness import voiced
-from tests.pipecat.test_speculation import QUESTION, _call, _caller, _users
+from tests.pipecat.test_speculation import QUESTION, QUESTION_WORD, _call, _caller, _users
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo]
 
@@ -50,14 +50,14 @@ async def test_a_caller_who_pauses_mid_thought_is_answered_once_for_the_whole_tu
 
 
 async def test_a_finished_question_smart_turn_doubts_ends_sooner_with_the_judge(engine) -> None:
-    # "What is the capital on France?" (the Caribbean voice): smart-turn calls it incomplete and the
-    # turn waits for its 1 s timeout; the words read as a question that may be over
-    smart = await _call(engine, _caller(QUESTION), ["Paris."], end_of_turn="smart-turn")
-    judged = await _call(engine, _caller(QUESTION), ["Paris."], end_of_turn="judge")
+    # "How much does it cost if I pay by card?" (the Caribbean voice): smart-turn calls it incomplete
+    # and the turn waits for its 1 s timeout; the words read as a question that may be over
+    smart = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="smart-turn")
+    judged = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="judge")
     (smart_turn,), (judged_turn,) = smart[3].figures.turns, judged[3].figures.turns
     print(f"\nend of turn: smart-turn {smart_turn['end_of_turn']:.0f} ms, judge {judged_turn['end_of_turn']:.0f} ms "
           f"({judged[3].turns.decisions})")  # fmt: skip
-    assert "capital" in _users(judged[0][-1])[-1].lower()
+    assert QUESTION_WORD in _users(judged[0][-1])[-1].lower()
     assert judged_turn["end_of_turn"] < smart_turn["end_of_turn"] - 150, (smart_turn, judged_turn)
 
 
@@ -70,7 +70,9 @@ async def test_a_transcript_that_takes_whispers_second_decode_still_makes_the_tu
     users = [_users(r) for r in requests]
     print(f"\nslow transcript: {agent.turns.decisions}, LLM saw {users}, {agent.figures.turns}")
     assert users and all(users), users  # no request without the caller's words
-    assert "order" in users[-1][-1].lower(), users
+    # the caller's words (Whisper tiny on the phone line: "My order number in San Ren", on CI once
+    # "My board on number"), not empty nor a filler
+    assert any(w in users[-1][-1].lower() for w in ("order", "number")), users
 
 
 async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch) -> None:
@@ -82,7 +84,7 @@ async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch
             raise RuntimeError("the model is gone")
 
     monkeypatch.setattr(agent_module, "turn_words", lambda config: Broken())
-    requests, _, _, agent = await _call(engine, _caller(QUESTION), ["Paris."], end_of_turn="judge")
+    requests, _, _, agent = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="judge")
     (decision,) = agent.turns.decisions
     assert decision["words"] is None and decision["wait_s"] == agent.turns.judge.sentence_s, decision
-    assert "capital" in _users(requests[-1])[-1].lower() and len(agent.figures.turns) == 1
+    assert QUESTION_WORD in _users(requests[-1])[-1].lower() and len(agent.figures.turns) == 1
