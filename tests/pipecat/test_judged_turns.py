@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipelines.turn_judge import words
 from support.pipecat_harness import voiced
 from tests.pipecat.test_speculation import QUESTION, QUESTION_WORD, _call, _caller, _users
 
@@ -44,7 +45,10 @@ async def test_a_caller_who_pauses_mid_thought_is_answered_once_for_the_whole_tu
     assert stop.decisions[0]["words"] is not None and stop.decisions[0]["wait_s"] > 1.2, stop.decisions
     assert all(d["logprob"] is not None and d["logprob"] <= 0 for d in stop.decisions), stop.decisions  # Whisper's own
     assert len(agent.figures.turns) == 1, (agent.figures.turns, stop.decisions)  # one turn, not two
-    assert "could you" in users[-1].lower() and "month" in users[-1].lower(), users  # the whole turn, once
+    # the whole turn, once: the pause's words and the rest after them (Whisper tiny's words for the
+    # rest vary run to run on the line: "for last month", "for that month", "for the aftermath")
+    first, whole = words(stop.decisions[0]["text"]), words(users[-1])
+    assert "could" in first and whole[: len(first)] == first and len(whole) >= len(first) + 3, users
     early = [t for t, ev in caller.events if t < ended and voiced(ev)]
     assert early == [], f"agent audio {early[0] - ended:+.2f} s from the caller's end"
 
@@ -70,9 +74,10 @@ async def test_a_transcript_that_takes_whispers_second_decode_still_makes_the_tu
     users = [_users(r) for r in requests]
     print(f"\nslow transcript: {agent.turns.decisions}, LLM saw {users}, {agent.figures.turns}")
     assert users and all(users), users  # no request without the caller's words
-    # the caller's words (Whisper tiny on the phone line: "My order number in San Ren", on CI once
-    # "My board on number"), not empty nor a filler
-    assert any(w in users[-1][-1].lower() for w in ("order", "number")), users
+    # the caller's words, not empty nor a filler (Whisper tiny on the phone line, run to run: "My
+    # order number in San Ren", "My board on number", "4, 2, 9, 4, 2, 9.")
+    said = words(users[-1][-1])
+    assert {"order", "number"} & set(said) or sum(w.isdigit() for w in said) >= 3, users
 
 
 async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch) -> None:
