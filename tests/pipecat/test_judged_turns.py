@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.turn_judge import words
 from support.pipecat_harness import voiced
-from tests.pipecat.test_speculation import QUESTION, QUESTION_WORD, _call, _caller, _users
+from tests.pipecat.test_speculation import QUESTION, _call, _caller, _users, heard_the_question
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo]
 
@@ -61,7 +61,7 @@ async def test_a_finished_question_smart_turn_doubts_ends_sooner_with_the_judge(
     (smart_turn,), (judged_turn,) = smart[3].figures.turns, judged[3].figures.turns
     print(f"\nend of turn: smart-turn {smart_turn['end_of_turn']:.0f} ms, judge {judged_turn['end_of_turn']:.0f} ms "
           f"({judged[3].turns.decisions})")  # fmt: skip
-    assert QUESTION_WORD in _users(judged[0][-1])[-1].lower()
+    assert heard_the_question(_users(judged[0][-1])[-1])
     assert judged_turn["end_of_turn"] < smart_turn["end_of_turn"] - 150, (smart_turn, judged_turn)
 
 
@@ -92,4 +92,4 @@ async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch
     requests, _, _, agent = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="judge")
     (decision,) = agent.turns.decisions
     assert decision["words"] is None and decision["wait_s"] == agent.turns.judge.sentence_s, decision
-    assert QUESTION_WORD in _users(requests[-1])[-1].lower() and len(agent.figures.turns) == 1
+    assert heard_the_question(_users(requests[-1])[-1]) and len(agent.figures.turns) == 1

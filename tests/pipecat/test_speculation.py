@@ -27,10 +27,18 @@ import time
 import pytest
 
 from pipelines.pipecat_turns import same_words
+from pipelines.turn_judge import words
 from support.pipecat_harness import counting_server, fake_llm, first_time, room_server, twilio_call, voiced
 
 QUESTION = "espeak-caribbean-f4/q-card"  # complete; smart-turn: incomplete (p <= 0.10 on the phone line)
-QUESTION_WORD = "card"  # what Whisper must have heard of it
+
+
+def heard_the_question(text: str) -> bool:
+    """Whether ``text`` is Whisper's reading of QUESTION: on the phone line tiny.en's words vary run
+    to run ("... if I pay by card?", "I'll not know need to cut if I pay my card.")."""
+    return bool({"card", "pay", "cost"} & set(words(text)))
+
+
 # a pause of 0.5 s (shorter than smart-turn's timeout) after "I would like to book a table", which
 # smart-turn calls incomplete by far (p <= 0.12 on the phone line)
 MID_THOUGHT = "espeak-rp-slow/m-table"
@@ -133,7 +141,7 @@ async def test_a_turn_that_waits_for_its_timeout_was_already_being_answered(engi
     counts, users = agent.turns.counts, [_users(r)[-1] for r in requests]
     assert counts.started >= 1 and counts.confirmed == 1, (counts, users)
     assert len(requests) == counts.started, (counts, users)  # the confirmed one answered: no second inference
-    assert QUESTION_WORD in users[-1].lower(), users
+    assert heard_the_question(users[-1]), users
     (turn,) = agent.figures.turns
     # the answer's inference began before the end of turn (smart-turn waited for its silence timeout)
     lead_ms = turn["end_of_turn"] - 1000 * (requests[-1]["_received_at"] - ended)
@@ -159,8 +167,10 @@ async def test_a_caller_who_goes_on_hears_one_answer_to_the_whole_turn(engine) -
     counts = agent.turns.counts
     users = [_users(r)[-1] for r in requests]
     assert counts.withdrawn >= 1 and counts.started == counts.confirmed + counts.withdrawn, (counts, users)
-    # the whole turn, once (its first words and its last; Whisper tiny hears "table" as "container")
-    assert "would like" in users[-1].lower() and "friday" in users[-1].lower(), users
+    # the whole turn, once: the pause's words, then the rest (Whisper tiny hears "table" as
+    # "container": its words vary run to run on the line)
+    first, whole = words(users[0]), words(users[-1])
+    assert "like" in first and whole[: len(first)] == first and len(whole) >= len(first) + 3, users
     assert len(requests) == counts.started + (1 - counts.confirmed), (counts, users)
     # nothing was heard before the caller finished: the withdrawn reply was held, then dropped
     early = [t for t, ev in caller.events if t < ended and voiced(ev)]
