@@ -39,6 +39,13 @@ def heard_the_question(text: str) -> bool:
     return bool({"card", "pay", "cost"} & set(words(text)))
 
 
+def goes_on_from(pause: str, whole: str, word: str) -> bool:
+    """Whether ``whole`` is the turn ``pause`` began (its words first, ``word`` among them) and at
+    least three words more: one request for the whole turn, whatever tiny.en made of the rest."""
+    first, said = words(pause), words(whole)
+    return word in first and said[: len(first)] == first and len(said) >= len(first) + 3
+
+
 # a pause of 0.5 s (shorter than smart-turn's timeout) after "I would like to book a table", which
 # smart-turn calls incomplete by far (p <= 0.12 on the phone line)
 MID_THOUGHT = "espeak-rp-slow/m-table"
@@ -73,7 +80,7 @@ def test_the_premise_smart_turn_calls_both_callers_incomplete() -> None:
     analyzer = LocalSmartTurnAnalyzerV3()
     analyzer.set_sample_rate(16000)
     question, mid = corpus([QUESTION, MID_THOUGHT])
-    words = {
+    segments = {
         QUESTION: _segment(question, question.speech_end_s),
         MID_THOUGHT: _segment(mid, mid.pauses[0][0]),
     }
@@ -82,7 +89,7 @@ def test_the_premise_smart_turn_calls_both_callers_incomplete() -> None:
         line = phone_path(seg)
         return [analyzer._predict_endpoint(np.pad(line, (0, int(t * 16000))))["probability"] for t in PREMISE_TAILS_S]
 
-    for uid, seg in words.items():
+    for uid, seg in segments.items():
         p = verdicts(seg)
         assert max(p) < 0.3, f"smart-turn now calls {uid} complete after some silence ({p}): pick another caller"
     # and it can fail: the question this file used until 12-03 reads complete after 0.4 s of silence
@@ -169,8 +176,7 @@ async def test_a_caller_who_goes_on_hears_one_answer_to_the_whole_turn(engine) -
     assert counts.withdrawn >= 1 and counts.started == counts.confirmed + counts.withdrawn, (counts, users)
     # the whole turn, once: the pause's words, then the rest (Whisper tiny hears "table" as
     # "container": its words vary run to run on the line)
-    first, whole = words(users[0]), words(users[-1])
-    assert "like" in first and whole[: len(first)] == first and len(whole) >= len(first) + 3, users
+    assert goes_on_from(users[0], users[-1], "like"), users
     assert len(requests) == counts.started + (1 - counts.confirmed), (counts, users)
     # nothing was heard before the caller finished: the withdrawn reply was held, then dropped
     early = [t for t, ev in caller.events if t < ended and voiced(ev)]
