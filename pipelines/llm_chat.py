@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from llama import Sampling
 from llama.sampler import choose
@@ -69,6 +70,18 @@ class ChatTokenizer:
     def decoder(self) -> StreamDecoder:
         return StreamDecoder(self.tokenizer)
 
+    def turn_opening(self) -> list[int]:
+        """The template's tokens between a reply's last word and the caller's next words.
+
+        For SmolLM2's template the end token and ``\n<|im_start|>user\n``: what every next
+        turn of a conversation starts with, known before the caller has said anything
+        (:meth:`ChatEngine.read_ahead`). Empty where the template puts nothing there."""
+        marks = ("\x00reply\x00", "\x00next\x00")
+        turns = [("user", "hi"), ("assistant", marks[0]), ("user", marks[1])]
+        rendered = self.render([{"role": role, "content": text} for role, text in turns])
+        between = rendered[rendered.index(marks[0]) + len(marks[0]) : rendered.index(marks[1])]
+        return self.tokenizer.encode(between, add_special_tokens=False).ids if between else []
+
 
 class StreamDecoder:
     """Token ids in, text pieces out, never splitting a multi-byte character.
@@ -109,6 +122,15 @@ class _Slot:
     used: float = 0.0
 
 
+@dataclass(slots=True, frozen=True)
+class DecodeStep:
+    """A batched generator's token, and the decode step it needs next (see ChatEngine.generate)."""
+
+    token: int
+    slot: int
+    position: int
+
+
 @dataclass(slots=True)
 class TurnStats:
     """What the last request cost: how much of its prompt came from the cache."""
@@ -122,6 +144,32 @@ class TurnStats:
     slot: int = 0
     moved_tokens: int = 0  # cached tokens moved to earlier positions because the history lost its oldest part
     dropped_tokens: int = 0  # cached tokens that part held
+    looped: bool = False  # the reply was ended where it started saying one short cycle over and over
+
+
+LOOP_CYCLE = 8  # the longest cycle, in tokens, :func:`repeats_itself` looks for
+LOOP_REPEATS, LOOP_TOKENS = 4, 8  # a cycle said this many times in a row, this many tokens at least
+
+
+def repeats_itself(tokens: list[int]) -> bool:
+    """Whether ``tokens`` (a reply so far) end in one short cycle said over and over.
+
+    Why: a small model decoding greedily can fall into a loop its repetition penalty does not
+    break (the demo once answered "What is the capital of France?" with "bonjour, bonjour, hello,
+    hello, hello, ..." for seven seconds, until ``max_tokens``). A cycle of up to
+    ``LOOP_CYCLE`` tokens said ``LOOP_REPEATS`` times in a row, ``LOOP_TOKENS`` tokens at least
+    (a single token eight times: "00000000", so a round number of a reply stays whole), is
+    such a loop; the reply ends there instead of filling the caller's ear with it.
+    """
+    n = len(tokens)
+    for p in range(1, LOOP_CYCLE + 1):
+        reps = max(LOOP_REPEATS, -(-LOOP_TOKENS // p))
+        if n < p * reps:
+            break
+        tail = tokens[n - p :]
+        if all(tokens[n - (k + 1) * p : n - k * p] == tail for k in range(1, reps)):
+            return True
+    return False
 
 
 class ChatEngine:
@@ -145,6 +193,24 @@ class ChatEngine:
         """Forget every cached conversation (the next request is a full prefill)."""
         for s in self.slots:
             s.ids, s.prompt_len, s.used = [], 0, 0.0
+
+    def read_ahead(self, slot_i: int, tokens: list[int]) -> bool:
+        """Read ``tokens`` into slot ``slot_i`` after what it holds, ahead of the request they will begin.
+
+        Why: a conversation's next turn starts with the template's turn opening (the end of the
+        reply, the user's header: :meth:`ChatTokenizer.turn_opening`), known as soon as the reply
+        ends. Read while the caller listens, those tokens are cached like any other: the next
+        turn's prefill (on the critical path, between the transcript and the first token) reads
+        only the caller's words and the assistant's header. Nothing is assumed: a next prompt
+        that does not continue this way (a reply cut by a barge-in) matches a shorter prefix and
+        the read-ahead tokens are overwritten. False (nothing read) for a busy slot or a full cache.
+        """
+        slot = self.slots[slot_i]
+        if not tokens or slot_i in self.busy or not slot.ids or len(slot.ids) + len(tokens) > self.model.max_len:
+            return False
+        self.model.forward(tokens, slot_i, len(slot.ids))
+        slot.ids = slot.ids + tokens
+        return True
 
     def _follow_trim(self, prompt: list[int], matches: list[int]) -> tuple[int, int, int] | None:
         """(slot, reused tokens, dropped tokens) when ``prompt`` is a slot's conversation with a
@@ -212,12 +278,18 @@ class ChatEngine:
         stop: threading.Event | None = None,
         stats: TurnStats | None = None,
         yield_prefill: bool = False,
-    ) -> Iterator[int | None]:
+        batched: bool = False,
+    ) -> Generator[int | DecodeStep | None, Tensor | None, None]:
         """Yield the reply's token ids (end token excluded); ``stats`` (and :attr:`last`) get its figures.
 
-        Stops at an end token, after ``max_tokens``, or at the first step after ``stop`` is set.
+        Stops at an end token, after ``max_tokens``, where the reply starts going round in a loop
+        (:func:`repeats_itself`), or at the first step after ``stop`` is set.
         ``yield_prefill``: also yield None after each prompt chunk but the last, so that one
         thread serving several requests can interleave them (:class:`pipelines.local_llm.LocalLLM`).
+        ``batched``: a token that needs a decode step after it comes as a :class:`DecodeStep`
+        (the token, its slot and position) and the generator waits to be sent that step's logits;
+        the caller runs several requests' steps as one :meth:`Llama.decode`. The reply's last
+        token (its ``max_tokens``-th) comes as a plain id.
         A slot is claimed while its generator runs; another request never takes it meanwhile.
         """
         m = self.model
@@ -260,6 +332,7 @@ class ChatEngine:
             t1 = time.perf_counter()
             limit = min(sampling.max_tokens, budget)
             stats.finish_reason = "length"
+            reply: list[int] = []
             try:
                 while stats.completion_tokens < limit:
                     token = choose(logits, seen, sampling, gen)
@@ -267,6 +340,21 @@ class ChatEngine:
                         stats.finish_reason = "stop"
                         break
                     stats.completion_tokens += 1
+                    reply.append(token)
+                    if repeats_itself(reply):  # this token is the reply's last (see repeats_itself)
+                        stats.looped, stats.finish_reason = True, "stop"
+                        yield token
+                        break
+                    if batched and stats.completion_tokens < limit:
+                        seen[token] = True
+                        logits = yield DecodeStep(token, slot_i, len(slot.ids))
+                        if logits is None:
+                            raise RuntimeError("a batched generator must be sent its step's logits")
+                        slot.ids.append(token)  # the step wrote its keys/values
+                        if stop is not None and stop.is_set():
+                            stats.finish_reason = "stop"
+                            break
+                        continue
                     yield token
                     if stop is not None and stop.is_set():
                         stats.finish_reason = "stop"

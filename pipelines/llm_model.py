@@ -7,9 +7,15 @@ checkpoint is Q4_1 (4-bit codes with a scale and a minimum per block of 32), and
 ``_weight_int4pack_mm_for_cpu`` computes ``x @ ((q - 8) * scale + zero)`` for exactly that
 grouping. So decoding keeps the GGUF's own codes (``zero = min + 8 * scale``; scale/zero rounded to
 bf16, the kernel's dtype) and reads ~70 MB per token instead of 540. That kernel is a matrix-vector
-one; prefills of more than a few tokens run a bf16 GEMM on the same weights instead. Activations
-are bf16 (this CPU has AVX512-BF16), the residual stream float32. The tied embedding/head is Q8_0
-in the file; the head runs as int8.
+one; prefills of more than a few tokens run a dense GEMM on the same weights instead. Activations
+are bf16, the residual stream float32. The tied embedding/head is Q8_0 in the file; the head runs
+as int8.
+
+The dense copy's dtype follows the CPU (``dense=``, :func:`dense_dtype`): bf16 where the CPU
+multiplies bf16 natively (AVX512-BF16, AMX), float32 elsewhere. On an AVX2-only CPU torch emulates
+a bf16 GEMM several times slower than a float32 one, so there a 20-token prefill of a bf16 model
+costs what a 100-token one should (the figures: docs/BENCHMARKS.md, "Local LLM"); the price of
+float32 is the dense copy's memory, twice the bf16 one.
 
 A ``precision="fp32"`` model de-quantises everything to float32 (the values transformers loads
 from the same file): it is the reference the tests compare with transformers, not a serving mode.
@@ -44,8 +50,29 @@ from llama.rope import angles, rotate_half
 
 GROUP = 32  # Q4_1/Q8_0 block length: values per scale
 REFINE = 64  # head candidates recomputed in float32 (see Llama._head)
-INT4_MAX_ROWS = 16  # above this many rows a bf16 GEMM beats the int4 kernel (docs/BENCHMARKS.md)
+INT4_MAX_ROWS = 16  # above this many rows the dense GEMM (bf16 or fp32) beats the int4 kernel (BENCHMARKS)
+DENSE = ("auto", "bf16", "fp32")  # the dense prefill copy's dtype (see dense_dtype)
 CAUSAL_MIN_ROWS = 256  # a fresh prompt longer than this runs causal SDPA (half the work; slower when short)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (oneDNN's check: AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def dense_dtype(dense: str = "auto") -> str:
+    """``"bf16"`` or ``"fp32"``: the dtype of the int4 model's dense copy for prefills.
+
+    ``auto``: bf16 where :func:`native_bf16`, else fp32 (see the module's docstring).
+    """
+    if dense not in DENSE:
+        raise ValueError(f"dense {dense!r}: use one of {', '.join(DENSE)}")
+    if dense == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return dense
 
 
 class ModelFormatError(ConfigError):
@@ -266,15 +293,22 @@ def prepare(cfg: LlamaConfig, weights: dict[str, Weight], precision: str = "int4
 
 
 class Linear:
-    """``x [T, in] -> [T, out]``: the int4 kernel for a few rows (decoding), else a dense matmul."""
+    """``x [T, in] -> [T, out]``: the int4 kernel for a few rows (decoding), else a dense matmul.
+
+    ``dense="fp32"`` (an int4 model on a CPU without native bf16): the dense copy is float32 and
+    the GEMM runs in float32, its input and output cast (the activations stay bf16).
+    """
 
     def __init__(self, t: dict[str, Tensor], name: str) -> None:
         self.packed, self.sz = t.get(name + ".packed"), t.get(name + ".sz")
         self.weight: Tensor | None = t[name + ".weight"]  # None once Llama.drop_dense ran: int4 only
+        self.cast = self.packed is not None and self.weight.dtype == torch.float32  # see Llama's ``dense``
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.packed is not None and (self.weight is None or x.shape[0] <= INT4_MAX_ROWS):
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.sz)
+        if self.cast:
+            return F.linear(x.float(), self.weight).to(x.dtype)
         return F.linear(x, self.weight)
 
 
@@ -293,11 +327,24 @@ class Llama:
     their overhead is a large part of its time).
     """
 
-    def __init__(self, cfg: LlamaConfig, tensors: dict[str, Tensor], *, slots: int = 4, max_len: int = 2048) -> None:
+    def __init__(
+        self, cfg: LlamaConfig, tensors: dict[str, Tensor], *, slots: int = 4, max_len: int = 2048, dense: str = "auto"
+    ) -> None:
+        """``dense``: the int4 model's dense prefill copy in bf16 or float32 (:func:`dense_dtype`;
+        converted in ``tensors``, so a model built on the same tensors shares the copy)."""
         if cfg.n_heads % cfg.n_kv_heads:
             raise ModelFormatError(f"{cfg.n_heads} heads are not a multiple of {cfg.n_kv_heads} KV heads")
         if slots < 1 or max_len < 2:
             raise ValueError("need at least one slot and a cache of at least 2 tokens")
+        want = torch.float32 if dense_dtype(dense) == "fp32" else torch.bfloat16
+        packed = {n.removesuffix(".packed") for n in tensors if n.endswith(".packed")}
+        widen = {n + ".weight" for n in packed if n + ".weight" in tensors and tensors[n + ".weight"].dtype != want}
+        if widen:
+            # Every other tensor is copied too: tensors read with safetensors' load_file share one
+            # mapping of the file, which any of them keeps resident, the widened originals included.
+            for name, t in tensors.items():
+                tensors[name] = t.to(want) if name in widen else t.clone()
+        self.dense = "fp32" if want == torch.float32 or not packed else "bf16"  # the fp32 reference: fp32
         self.cfg, self.tensors = cfg, tensors  # kept: a second model can share them (tests)
         self.embed = tensors["embed"]  # [vocab, dim], also the head when not quantised
         self.dtype = self.embed.dtype
@@ -318,7 +365,7 @@ class Llama:
         self.sin = emb.sin().to(self.dtype)[:, None, :]
 
     def drop_dense(self) -> None:
-        """Free the bf16 copies of the int4 matrices; every call then runs the int4 kernel.
+        """Free the dense copies of the int4 matrices; every call then runs the int4 kernel.
 
         For a user that reads only short prompts (``pipelines.text_turn``: a caller's words at a
         pause): the dense copies are most of the weights' memory and only speed up long prefills.
@@ -343,7 +390,7 @@ class Llama:
         if T == 0 or S > self.max_len:
             raise ValueError(f"{T} tokens at {start} do not fit a {self.max_len}-token cache")
         cfg = self.cfg
-        H, KV, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.groups, cfg.head_dim
+        H, G, hd = cfg.n_heads, cfg.groups, cfg.head_dim
         cos, sin = self.cos[start:S], self.sin[start:S]
         mask = None
         causal = start == 0 and T > CAUSAL_MIN_ROWS
@@ -354,14 +401,9 @@ class Llama:
         # residual sums cost more accuracy than the 4-bit weights do, for ~2 casts per layer.
         x = F.embedding(ids, self.embed).float()  # [T, dim]
         for layer, ck, cv in zip(self.layers, self.cache_k, self.cache_v, strict=True):
-            h = F.rms_norm(x, (cfg.dim,), layer.attn_norm, cfg.norm_eps).to(self.dtype)
-            q, k, v = layer.wqkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
-            q = q.view(T, H, hd)
-            k = k.view(T, KV, hd)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k, v = self._qkv(layer, x, cos, sin)
             ck[slot, :, start:S] = k.transpose(0, 1)
-            cv[slot, :, start:S] = v.view(T, KV, hd).transpose(0, 1)
+            cv[slot, :, start:S] = v.transpose(0, 1)
             keys, values = ck[slot : slot + 1, :, :S], cv[slot : slot + 1, :, :S]
             if causal:  # a long fresh prompt: causal SDPA skips the masked half; GQA by repeating K/V
                 o = F.scaled_dot_product_attention(
@@ -374,13 +416,40 @@ class Llama:
             else:  # each KV head read once for its G query heads (mask rows ordered (g, t), as built above)
                 o = grouped_attention(q[None], keys, values, mask)[0]
             x = x + layer.wo(o)
-            h = F.rms_norm(x, (cfg.dim,), layer.ffn_norm, cfg.norm_eps).to(self.dtype)
-            gate, up = layer.w13(h).chunk(2, dim=-1)
-            x = x + layer.w2(F.silu(gate) * up)
-        last = F.rms_norm(x[-1:], (cfg.dim,), self.norm, cfg.norm_eps)
-        if self.head_q is None:
-            return F.linear(last, self.embed)[0]
-        return self._head(last)
+            x = x + self._ffn(layer, x)
+        return self._logits(F.rms_norm(x[-1:], (cfg.dim,), self.norm, cfg.norm_eps))[0]
+
+    @torch.inference_mode()
+    def decode(self, tokens: list[int], slots: list[int], starts: list[int]) -> Tensor:
+        """One decode step of several conversations at once: token ``b`` at position ``starts[b]``
+        of slot ``slots[b]``; float32 logits [B, vocab].
+
+        Why: a decode step reads every weight for one row, and the int4 kernel's cost grows far
+        slower than its rows (four rows cost a small multiple of one), so calls decoding at
+        the same time share the weight reads. Attention stays per conversation (each its own
+        slot and length). Each row equals :meth:`forward` of that token alone.
+        """
+        B = len(tokens)
+        if not B == len(slots) == len(starts) or len(set(slots)) != B:
+            raise ValueError(f"decode needs one token, one distinct slot and one position per row: {slots}, {starts}")
+        if B == 1:
+            return self.forward(tokens, slots[0], starts[0])[None]
+        if max(starts) >= self.max_len:
+            raise ValueError(f"a position of {starts} does not fit a {self.max_len}-token cache")
+        pos = torch.as_tensor(starts, dtype=torch.long)
+        cos, sin = self.cos[pos], self.sin[pos]  # [B, 1, hd]
+        x = F.embedding(torch.as_tensor(tokens, dtype=torch.long), self.embed).float()  # [B, dim]
+        for layer, ck, cv in zip(self.layers, self.cache_k, self.cache_v, strict=True):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            rows = []
+            for b, (slot, at) in enumerate(zip(slots, starts, strict=True)):
+                ck[slot, :, at] = k[b]
+                cv[slot, :, at] = v[b]
+                keys, values = ck[slot : slot + 1, :, : at + 1], cv[slot : slot + 1, :, : at + 1]
+                rows.append(grouped_attention(q[b : b + 1][None], keys, values, None)[0])
+            x = x + layer.wo(torch.cat(rows))
+            x = x + self._ffn(layer, x)
+        return self._logits(F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps))
 
     @torch.inference_mode()
     def shift(self, slot: int, src: int, dst: int, n: int) -> None:
@@ -403,17 +472,36 @@ class Llama:
             ck[slot, :, dst : dst + n] = (k * cos - rotate_half(k) * sin).to(self.dtype)  # rotate by -delta
             cv[slot, :, dst : dst + n] = cv[slot, :, src : src + n].clone()
 
+    def _qkv(self, layer: Layer, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x [T, dim]`` -> q [T, H, hd], k and v [T, KV, hd], q and k rotated to their positions."""
+        cfg = self.cfg
+        H, KV, hd, T = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, x.shape[0]
+        h = F.rms_norm(x, (cfg.dim,), layer.attn_norm, cfg.norm_eps).to(self.dtype)
+        q, k, v = layer.wqkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
+        q, k = q.view(T, H, hd), k.view(T, KV, hd)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v.view(T, KV, hd)
+
+    def _ffn(self, layer: Layer, x: Tensor) -> Tensor:
+        h = F.rms_norm(x, (self.cfg.dim,), layer.ffn_norm, self.cfg.norm_eps).to(self.dtype)
+        gate, up = layer.w13(h).chunk(2, dim=-1)
+        return layer.w2(F.silu(gate) * up)
+
+    def _logits(self, last: Tensor) -> Tensor:
+        """``last [B, dim]`` (normed) -> float32 logits [B, vocab]: the tied head, int8 when quantised."""
+        return F.linear(last, self.embed) if self.head_q is None else self._head(last)
+
     def _head(self, last: Tensor) -> Tensor:
-        """Logits from the int8 head, the best ``REFINE`` of them recomputed in float32.
+        """``last [B, dim]`` -> logits [B, vocab] from the int8 head, the best ``REFINE`` of them recomputed in float32.
 
         The fast kernel returns bf16 (its activation dtype): at logit magnitudes of ~30 that is
         a 0.125-0.25 grid, on which the top two candidates often tie exactly and greedy
         decoding would pick by token id. Recomputing the leading candidates from the same int8
         rows in float32 costs ~64 x 576 multiply-adds.
         """
-        coarse = torch.ops.aten._weight_int8pack_mm(last.to(self.dtype), self.head_q, self.head_scale)[0].float()
-        top = coarse.topk(REFINE).indices
-        coarse[top] = (self.head_q[top].float() @ last[0]) * self.head_scale_f32[top]
+        coarse = torch.ops.aten._weight_int8pack_mm(last.to(self.dtype), self.head_q, self.head_scale).float()
+        for row, x in zip(coarse, last, strict=True):  # [B, vocab]: each row's leaders refined
+            top = row.topk(REFINE).indices
+            row[top] = (self.head_q[top].float() @ x) * self.head_scale_f32[top]
         return coarse
 
 

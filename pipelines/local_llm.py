@@ -20,7 +20,12 @@ the cut (``--trim shift``, see :class:`LocalLLM`), so such a turn still reads on
 tokens. Requests are parsed and tokenised in a worker thread and the model runs in one, so
 ``/healthz`` answers while a long prompt is being read. That one thread interleaves concurrent
 requests step by step (``--concurrent``), so several calls' first tokens do not wait for each
-other's whole replies.
+other's whole replies, and runs the decode steps of the requests generating at once as one
+batch (:meth:`Llama.decode <pipelines.llm_model.Llama.decode>`): they share the weight reads.
+When it has nothing else to do, it reads the next-turn opening of each conversation whose reply
+reached its end token (:meth:`ChatEngine.read_ahead <pipelines.llm_chat.ChatEngine.read_ahead>`):
+the caller's next turn then waits only for its own words to be read (a request that comes in
+meanwhile waits for that one short forward; ``--no-read-ahead``: off).
 
 The first start reads the GGUF, packs its weights for torch's int4 kernel and converts its
 tokenizer (with transformers, once); the result is cached in ``~/.cache/streamvox/llm/`` so later
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
@@ -134,17 +140,18 @@ class _Job:
     emit: Callable[[str], Any]
     done: Callable[[tuple[int, int, str, int] | BaseException], Any]
     stats: Any = None
-    tokens: Any = None  # the engine's generator
+    tokens: Any = None  # the engine's generator (batched: it yields DecodeSteps, see LocalLLM._serve)
     decoder: Any = None
+    logits: Any = None  # its last decode step's logits, sent to it at its next step
 
 
 class LocalLLM:
     """A small Llama on the CPU, in one worker thread that interleaves the requests it runs.
 
     ``concurrent`` (default: ``slots``): requests generating at once. The worker advances each
-    by one step in turn (a decode step, or a prompt chunk of at most ``PREFILL_CHUNK`` tokens),
-    so a second caller's first token waits for one step of each other call, not for their
-    whole replies; more requests wait in a queue (at most ``MAX_WAITING``, then
+    by one step in turn (a prompt chunk of at most ``PREFILL_CHUNK`` tokens, or its share of
+    the round's batched decode step), so a second caller's first token waits for one step of
+    each other call, not for their whole replies; more requests wait in a queue (at most ``MAX_WAITING``, then
     :class:`LLMBusy`). ``concurrent=1``: one request at a time, in order.
 
     ``threads``: torch intra-op threads for generation. The default is 1: the demo shares two
@@ -153,6 +160,8 @@ class LocalLLM:
     ``slots``: conversations whose KV caches are kept at once; ``max_len``: tokens per slot
     (default ``DEFAULT_CONTEXT``; ``"model"``: the model's own context, from the GGUF's or
     config's metadata; never more than that).
+    ``dense``: the dtype of the int4 model's prefill matrices (``auto``: bf16 on a CPU that
+    multiplies bf16 natively, else float32; :func:`pipelines.llm_model.dense_dtype`).
     ``trim``: what happens when a history outgrows the cache and loses its oldest messages.
     ``shift`` (default): the cached rest moves into place (:meth:`Llama.shift`) and the turn
     reads only its new tokens; the kept turns' deeper layers still carry a trace of what they
@@ -170,7 +179,12 @@ class LocalLLM:
         max_len: int | str | None = None,
         trim: str = "shift",
         concurrent: int | None = None,
+        dense: str = "auto",
+        read_ahead: bool = True,
     ) -> None:
+        from .llm_model import dense_dtype
+
+        dense_dtype(dense)  # a bad value fails here, before any loading
         if trim not in TRIMS:
             raise ValueError(f"trim {trim!r}: use one of {', '.join(TRIMS)}")
         if not 1 <= (concurrent or slots) <= slots:
@@ -179,6 +193,11 @@ class LocalLLM:
         self.source = Path(model_path or os.environ.get(MODEL_ENV) or bundled_gguf()).expanduser()
         self.threads = threads or 1
         self.precision, self.slots, self.max_len, self.trim = precision, slots, max_len, trim
+        self.dense = dense
+        self.read_ahead = read_ahead
+        self._opening: list[int] = []  # the template's next-turn opening (ChatTokenizer.turn_opening)
+        self._ahead: dict[int, int] = {}  # slot -> its length when its reply ended: read its opening when idle
+        self.read_aheads = 0  # openings read ahead (figures, tests)
         self.name = self.source.stem if self.source.is_file() else self.source.name
         self.engine = None
         self.tokenizer = None
@@ -186,6 +205,7 @@ class LocalLLM:
         self._told: dict[int, int] = {}  # slot -> messages dropped that were already logged
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._pending = 0  # requests submitted and not finished (queued or running)
+        self.decode_batches: collections.Counter[int] = collections.Counter()  # rows per decode step -> steps
         self._count_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
@@ -196,11 +216,12 @@ class LocalLLM:
         model, self.tokenizer = self.open_model(progress)
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
+        self._opening = self.tokenizer.turn_opening() if self.read_ahead else []
         self._warm_up()
         threading.Thread(target=self._serve, name=f"llm-{self.name}", daemon=True).start()
         progress(
             f"LLM {self.name} ready in {time.perf_counter() - t0:.1f} s "
-            f"({self.precision}, {self.threads} thread, {self.max_len}-token context)"
+            f"({self.precision}, {model.dense} prefill, {self.threads} thread, {self.max_len}-token context)"
         )
 
     def open_model(self, progress: Callable[[str], Any] = print):
@@ -227,7 +248,7 @@ class LocalLLM:
             tokenizer = _chat_tokenizer(folder)
             self.folder = folder  # where the tokenizer (and for a GGUF, the prepared weights) are
             context = cfg.max_position if self.max_len == "model" else int(self.max_len or DEFAULT_CONTEXT)
-            model = Llama(cfg, tensors, slots=self.slots, max_len=context)
+            model = Llama(cfg, tensors, slots=self.slots, max_len=context, dense=self.dense)
         except (ModelFormatError, OSError, ValueError, KeyError) as exc:
             raise LLMLoadError(f"cannot load the LLM from {self.source}: {exc}") from None
         return model, tokenizer
@@ -391,6 +412,8 @@ class LocalLLM:
         torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
         active: list[_Job] = []
         while True:
+            if not active and self._ahead and self._jobs.empty():
+                self._read_next_opening()
             while len(active) < self.concurrent:
                 try:
                     job = self._jobs.get(block=not active)
@@ -400,7 +423,21 @@ class LocalLLM:
                     self._finish(job, None)
                 else:
                     active.append(self._begin(job))
-            active = [job for job in active if self._step(job)]
+            steps: list[tuple[_Job, Any]] = []
+            active = [job for job in active if self._step(job, steps)]
+            if steps and not self._decode(steps):
+                failed = {id(job) for job, _ in steps}
+                active = [job for job in active if id(job) not in failed]
+
+    def _read_next_opening(self) -> None:
+        """With nothing else to do, read one finished conversation's next-turn opening into its slot."""
+        slot_i, length = self._ahead.popitem()
+        if len(self.engine.slots[slot_i].ids) != length:
+            return  # another request has used the slot since
+        try:
+            self.read_aheads += self.engine.read_ahead(slot_i, self._opening)
+        except Exception:  # only a head start lost: the next turn reads the opening itself
+            log.exception("reading a conversation's next-turn opening ahead failed")
 
     def _begin(self, job: _Job) -> _Job:
         from .llm_chat import TurnStats
@@ -414,19 +451,30 @@ class LocalLLM:
             stop=job.stop,
             stats=job.stats,
             yield_prefill=self.concurrent > 1,
+            batched=True,
         )
         return job
 
-    def _step(self, job: _Job) -> bool:
-        """One step of ``job``; False once it has finished (its ``done`` called)."""
+    def _step(self, job: _Job, steps: list[tuple[_Job, Any]]) -> bool:
+        """One step of ``job``; False once it has finished (its ``done`` called).
+
+        A token that needs a decode step after it joins ``steps``: the worker runs them all as
+        one :meth:`Llama.decode` (calls decoding at once share the weight reads).
+        """
+        from .llm_chat import DecodeStep
+
         try:
-            token = next(job.tokens)
+            logits, job.logits = job.logits, None
+            token = job.tokens.send(logits) if logits is not None else next(job.tokens)
         except StopIteration:
             self._finish(job, None)
             return False
         except Exception as exc:  # delivered to the request, the worker goes on
             self._finish(job, exc)
             return False
+        if isinstance(token, DecodeStep):
+            steps.append((job, token))
+            token = token.token
         if token is not None:
             piece = job.decoder.push(token)
             if piece:
@@ -434,6 +482,23 @@ class LocalLLM:
                     job.emit(piece)
                 except Exception:  # the consumer is gone (its loop closed): stop at the next step
                     job.stop.set()
+        return True
+
+    def _decode(self, steps: list[tuple[_Job, Any]]) -> bool:
+        """The decode steps of one round, as one batch; False if it failed (each of its requests
+        is then finished with the error)."""
+        try:
+            logits = self.engine.model.decode(
+                [s.token for _, s in steps], [s.slot for _, s in steps], [s.position for _, s in steps]
+            )
+        except Exception as exc:
+            for job, _ in steps:
+                job.tokens.close()  # its slot is released (the generator's finally)
+                self._finish(job, exc)
+            return False
+        self.decode_batches[len(steps)] += 1
+        for (job, _), row in zip(steps, logits, strict=True):
+            job.logits = row
         return True
 
     def _finish(self, job: _Job, error: BaseException | None) -> None:
@@ -446,6 +511,11 @@ class LocalLLM:
             last = TurnStats()
         elif error is None:
             self._tell_trim(job.fitted, last)
+            if self._opening and last.finish_reason == "stop" and not last.looped and not job.stop.is_set():
+                # the reply reached its end token: the conversation's next turn starts with the opening
+                self._ahead[last.slot] = len(self.engine.slots[last.slot].ids)
+            if last.looped:
+                log.info("a reply went round in a loop after %d tokens: it ends there", last.completion_tokens)
             log.debug(
                 "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",
                 last.prompt_tokens,
@@ -756,7 +826,19 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrent",
         type=int,
         default=None,
-        help="requests generating at once, interleaved step by step (default: --slots; 1: one at a time)",
+        help="requests generating at once, their decode steps batched (default: --slots; 1: one at a time)",
+    )
+    parser.add_argument(
+        "--dense",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="the prefill matrices' dtype (default auto: bf16 where the CPU has native bf16, else fp32)",
+    )
+    parser.add_argument(
+        "--no-read-ahead",
+        dest="read_ahead",
+        action="store_false",
+        help="do not read a conversation's next-turn opening while the caller listens (see ChatEngine.read_ahead)",
     )
     parser.add_argument("--verbose", action="store_true", help="log each request's prefill and decode figures")
     args = parser.parse_args(argv)
@@ -772,6 +854,8 @@ def main(argv: list[str] | None = None) -> int:
             max_len=args.max_len,
             trim=args.trim,
             concurrent=args.concurrent,
+            dense=args.dense,
+            read_ahead=args.read_ahead,
         )
         llm.load()
     except (LLMLoadError, ValueError) as exc:

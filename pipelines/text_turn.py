@@ -61,8 +61,9 @@ class TextTurnModel:
         """SmolLM2 (or ``source``: a GGUF or HF folder) with one 256-token slot, one thread."""
         from pipelines.local_llm import LocalLLM
 
-        model, tokenizer = LocalLLM(source, slots=1, max_len=256, threads=1).open_model(progress)
+        model, tokenizer = LocalLLM(source, slots=1, max_len=256, threads=1, dense="bf16").open_model(progress)
         model.drop_dense()  # a few dozen tokens a call: the int4 kernel alone, at a fraction of the memory
+        # (dense="bf16" above: the copy is dropped, so it is not first widened to float32)
         return cls(model, tokenizer)
 
     def _encode(self, text: str) -> list[int]:

@@ -150,15 +150,18 @@ def _start(port: int, args: list[str], log_file) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file)
 
 
-async def run_calls(name: str, args: list[str], calls: int, rounds: int, max_tokens: int) -> list[list[float]]:
-    """First-token times (s) of ``calls`` first turns sent at once, per round, sorted."""
+async def run_calls(
+    name: str, args: list[str], calls: int, rounds: int, max_tokens: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """First-token times (s) of ``calls`` first turns sent at once, per round, sorted; and each
+    reply's decode rate (tokens/s after its first token, while the others decode too)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log_file:
         proc = _start(port, args, log_file)
         try:
             await _wait_ready(base, proc)
-            out = []
+            out, rates = [], []
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
                 for r in range(rounds):
                     asks = [
@@ -170,8 +173,21 @@ async def run_calls(name: str, args: list[str], calls: int, rounds: int, max_tok
                     ]
                     figures = await asyncio.gather(*(_turn(s, base, m, max_tokens) for m in asks))
                     out.append(sorted(f["first_token_s"] for f in figures))
-                    print(f"{name}: round {r + 1}: " + " / ".join(f"{t * 1000:.0f}" for t in out[-1]) + " ms")
-            return out
+                    rates.append(
+                        [
+                            (f["completion_tokens"] - 1) / (f["total_s"] - f["first_token_s"])
+                            for f in figures
+                            if f["completion_tokens"] > 1 and f["total_s"] > f["first_token_s"]
+                        ]
+                    )
+                    print(
+                        f"{name}: round {r + 1}: first tokens "
+                        + " / ".join(f"{t * 1000:.0f}" for t in out[-1])
+                        + " ms; decode "
+                        + " / ".join(f"{x:.1f}" for x in rates[-1])
+                        + " tokens/s a reply"
+                    )
+            return out, rates
         finally:
             _stop(proc)
 
@@ -245,8 +261,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     results = {}
     if args.calls:
         for name, server_args in CALL_CONFIGS.items():
-            rounds = await run_calls(name, server_args, args.calls, args.rounds, args.max_tokens)
-            results[name] = {"args": server_args, "first_token_s": rounds}
+            rounds, rates = await run_calls(name, server_args, args.calls, args.rounds, args.max_tokens)
+            results[name] = {"args": server_args, "first_token_s": rounds, "tokens_per_s": rates}
         return results
     for name in args.configs:
         figures = await run_config(name, CONFIGS[name], args.turns, args.max_tokens)
@@ -275,7 +291,8 @@ def main() -> int:
             print(
                 f"{name}: median over rounds, fastest to slowest call: "
                 + " / ".join(f"{t * 1000:.0f}" for t in by_rank)
-                + " ms"
+                + f" ms; decode median {statistics.median(x for rs in r['tokens_per_s'] for x in rs):.1f}"
+                + " tokens/s a reply"
             )
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))

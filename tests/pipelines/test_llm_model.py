@@ -11,8 +11,17 @@ import pytest
 import torch
 
 from llama import Sampling
-from pipelines.llm_chat import ChatEngine, StreamDecoder
-from pipelines.llm_model import CAUSAL_MIN_ROWS, Llama, dense, prepare, read_gguf
+from pipelines.llm_chat import ChatEngine, DecodeStep, StreamDecoder, repeats_itself
+from pipelines.llm_model import (
+    CAUSAL_MIN_ROWS,
+    INT4_MAX_ROWS,
+    Llama,
+    dense,
+    dense_dtype,
+    native_bf16,
+    prepare,
+    read_gguf,
+)
 from pipelines.local_llm import LocalLLM, bundled_gguf
 
 pytestmark = pytest.mark.timeout(600)
@@ -150,6 +159,69 @@ def test_int4_serving_model_starts_like_the_fp32_reference(llm: LocalLLM, fp32: 
         )
 
 
+def test_the_prefill_copy_follows_the_cpu_and_both_dtypes_read_alike(llm: LocalLLM) -> None:
+    """``dense="auto"`` keeps the prefill matrices in bf16 only where the CPU multiplies bf16
+    natively (an AVX2-only CPU emulates it several times slower than float32); whichever dtype
+    runs, a prompt longer than the int4 kernel's rows must read the same."""
+    assert dense_dtype("auto") == ("bf16" if native_bf16() else "fp32")
+    assert llm.engine.model.dense == dense_dtype("auto")
+    with pytest.raises(ValueError, match="dense 'fp16': use one of auto, bf16, fp32"):
+        dense_dtype("fp16")
+    model = llm.engine.model
+    ids = llm.tokenizer.encode_chat([SYSTEM, {"role": "user", "content": PROMPTS[2]}])
+    assert len(ids) > INT4_MAX_ROWS  # the dense path runs
+    logits = {}
+    for kind in ("bf16", "fp32"):
+        other = Llama(model.cfg, dict(model.tensors), slots=1, max_len=256, dense=kind)
+        assert other.dense == kind
+        assert other.layers[0].w13.weight.dtype == (torch.float32 if kind == "fp32" else torch.bfloat16)
+        logits[kind] = other.forward(ids, 0, 0)
+    assert int(logits["bf16"].argmax()) == int(logits["fp32"].argmax())
+    top = logits["fp32"].topk(5).indices
+    pair = logits["bf16"][top], logits["fp32"][top]
+    assert torch.allclose(*pair, atol=1.0), pair
+
+
+def test_batched_decode_steps_equal_one_conversation_at_a_time(llm: LocalLLM) -> None:
+    """Calls decoding at once share one :meth:`Llama.decode` per step (the server's worker does
+    this); each conversation's tokens must be the ones it gets alone. Prompts with no common
+    prefix, so that both runs read every prompt whole."""
+    engine, enc = llm.engine, llm.tokenizer.tokenizer.encode
+    prompts = [enc(t).ids for t in ("The capital of France is", "Once upon a time there was", "My favourite colour")]
+    assert len({p[0] for p in prompts}) == len(prompts)
+    engine.reset()
+    alone = [list(engine.generate(p, Sampling(max_tokens=12), eos_ids=frozenset())) for p in prompts]
+    engine.reset()
+    gens = [engine.generate(p, Sampling(max_tokens=12), eos_ids=frozenset(), batched=True) for p in prompts]
+    together: list[list[int]] = [[] for _ in prompts]
+    inbox: list[torch.Tensor | None] = [None] * len(prompts)
+    live, sizes = set(range(len(prompts))), []
+    while live:
+        steps = []
+        for i in sorted(live):
+            try:
+                item = gens[i].send(inbox[i]) if inbox[i] is not None else next(gens[i])
+            except StopIteration:
+                live.discard(i)
+                continue
+            inbox[i] = None
+            if isinstance(item, DecodeStep):
+                steps.append((i, item))
+                item = item.token
+            together[i].append(item)
+        if steps:
+            sizes.append(len(steps))
+            logits = engine.model.decode(
+                [s.token for _, s in steps], [s.slot for _, s in steps], [s.position for _, s in steps]
+            )
+            for (i, _), row in zip(steps, logits, strict=True):
+                inbox[i] = row
+    assert together == alone
+    assert max(sizes) == len(prompts) and all(len(t) == 12 for t in together)
+    with pytest.raises(ValueError, match="one distinct slot"):
+        engine.model.decode([1, 2], [0, 0], [5, 6])
+
+
 def _reply(engine: ChatEngine, llm: LocalLLM, messages) -> list[int]:
     ids = llm.tokenizer.encode_chat(messages)
     return list(engine.generate(ids, Sampling(max_tokens=16), eos_ids=llm.tokenizer.eos_ids))
@@ -192,6 +264,34 @@ def test_cached_turns_equal_a_full_recompute_token_for_token(llm: LocalLLM, fp32
     _conversations(fp32, llm, check)
 
 
+def test_the_next_turns_opening_read_ahead_is_reused_and_changes_no_token(llm: LocalLLM, fp32: ChatEngine) -> None:
+    """The template's next-turn opening, read into the slot once a reply has ended, is the start
+    of the next prompt: that turn reads only the caller's words and the assistant's header, and
+    its reply is the one a full recompute gives (float32, where only the cache differs). A reply
+    cut by a barge-in leaves the read-ahead unused: the prompt no longer continues that way."""
+    tok = llm.tokenizer
+    opening = tok.turn_opening()
+    assert [tok.tokenizer.id_to_token(i) for i in opening] == ["<|im_end|>", "Ċ", "<|im_start|>", "user", "Ċ"]
+    m = fp32.model
+    full = ChatEngine(Llama(m.cfg, m.tensors, slots=1, max_len=m.max_len))
+    fp32.reset()
+    messages = [SYSTEM, {"role": "user", "content": PROMPTS[0]}]
+    first = tok.encode_chat(messages)
+    reply = list(fp32.generate(first, Sampling(max_tokens=40), eos_ids=tok.eos_ids))
+    assert fp32.last.finish_reason == "stop" and reply, tok.tokenizer.decode(reply)  # its end token came
+    assert fp32.read_ahead(fp32.last.slot, opening)
+    for kept in (reply, reply[:2]):  # heard whole; cut after two tokens (then nothing is read ahead)
+        history = [*messages, {"role": "assistant", "content": tok.tokenizer.decode(kept)}]
+        ids = tok.encode_chat([*history, {"role": "user", "content": PROMPTS[1]}])
+        second = list(fp32.generate(ids, Sampling(max_tokens=12), eos_ids=tok.eos_ids))
+        full.reset()
+        assert second == list(full.generate(ids, Sampling(max_tokens=12), eos_ids=tok.eos_ids))
+        if kept is reply:
+            assert ids[: len(first) + len(reply) + len(opening)] == first + reply + opening
+            assert fp32.last.reused_tokens == len(first) + len(reply) + len(opening)
+    assert not fp32.read_ahead(fp32.last.slot, [0] * fp32.model.max_len)  # a full cache: nothing read
+
+
 def test_cached_turns_of_the_serving_model_match_a_full_recompute(llm: LocalLLM) -> None:
     """The int4/bf16 model: SDPA's bf16 result depends on how many keys and queries one call
     sees, so a reply computed token by token and the same reply re-read in one prefill differ
@@ -214,6 +314,36 @@ def test_cached_turns_of_the_serving_model_match_a_full_recompute(llm: LocalLLM)
         return reply
 
     _conversations(eng, llm, check)
+
+
+def test_a_loop_is_a_short_cycle_said_over_and_over() -> None:
+    hello, comma, zero = 7, 8, 9
+    assert repeats_itself([1, 2] + [hello, comma] * 4)  # "hello, hello, hello, hello,"
+    assert not repeats_itself([1, 2] + [hello, comma] * 3 + [hello])
+    assert repeats_itself([zero] * 8) and not repeats_itself([1] + [zero] * 7)  # "100000000" is kept whole
+    cycle = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert repeats_itself(cycle * 4) and not repeats_itself(cycle * 3)
+    assert not repeats_itself([1, 2, 3] * 3)  # "one two three one two three one two three"
+    assert not repeats_itself(list(range(9)) * 4)  # longer cycles than LOOP_CYCLE are not looked for
+    assert not repeats_itself([])
+
+
+def test_a_reply_that_goes_round_in_a_loop_ends_there(llm: LocalLLM) -> None:
+    """Greedy, without the penalty, the model echoes a repetitive prompt for as long as it is
+    allowed ("hello, hello, ..." for all 40 tokens before this guard): the reply now ends once it
+    has said one cycle four times, and says which way it ended."""
+    eng, tok = llm.engine, llm.tokenizer.tokenizer
+    eng.reset()
+    for text in ("hello, hello, hello, hello, hello,", "The number is 100000000"):
+        out = list(eng.generate(tok.encode(text).ids, Sampling.greedy(max_tokens=40), eos_ids=frozenset()))
+        assert eng.last.looped and eng.last.finish_reason == "stop", (text, tok.decode(out))
+        assert len(out) == eng.last.completion_tokens <= 8, tok.decode(out)
+        assert repeats_itself(out) and not repeats_itself(out[:-1])
+    # a reply that does not loop is as long as it was
+    eng.reset()
+    ids = llm.tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "Write a long story about the sea."}])
+    out = list(eng.generate(ids, Sampling(max_tokens=40), eos_ids=llm.tokenizer.eos_ids))
+    assert not eng.last.looped and len(out) == 40, tok.decode(out)
 
 
 def test_a_stopped_generation_leaves_a_consistent_cache(llm: LocalLLM) -> None:

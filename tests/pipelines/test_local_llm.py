@@ -174,6 +174,79 @@ async def test_usage_and_finish_reason(base_url: str) -> None:
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
 
 
+def _words_and_header(llm: LocalLLM, ask: str) -> tuple[int, int]:
+    """Tokens of a caller's words, and of the assistant's header after them
+    ("<|im_end|>\n<|im_start|>assistant\n"): what a turn must read when all before it is cached."""
+    rendered = llm.tokenizer.render([{"role": "user", "content": "\x00"}])
+    enc = llm.tokenizer.tokenizer.encode
+    header = len(enc(rendered[rendered.index("\x00") + 1 :], add_special_tokens=False).ids)
+    return len(enc(ask, add_special_tokens=False).ids), header
+
+
+async def test_the_agents_start_up_check_leaves_the_greeting_read_for_every_call(base_url: str, llm) -> None:
+    """The demo's start-up request to its LLM is a first turn (system prompt, greeting, a caller's
+    words): afterwards a call whose caller heard the greeting reads only the caller's words and
+    the assistant's header on its first turn, not the system prompt and the greeting."""
+    from pipelines.persona import GREETING, SYSTEM_PROMPT
+    from pipelines.pipecat_agent import AgentConfig, _llm_refusal
+
+    llm.engine.reset()
+    config = AgentConfig(tts_url="ws://127.0.0.1:9/v1/stream", llm_base_url=base_url, llm_model="smollm2")
+    assert config.greeting == GREETING and config.system_prompt == SYSTEM_PROMPT
+    assert await asyncio.to_thread(_llm_refusal, config) is None
+    await _until_idle(llm)
+    ask = "What is the capital of France?"
+    first_turn = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "assistant", "content": GREETING},
+        {"role": "user", "content": ask},
+    ]
+    body = {"model": "smollm2", "messages": first_turn, "max_tokens": 4}
+    async with aiohttp.ClientSession() as s, s.post(f"{base_url}/chat/completions", json=body) as resp:
+        usage = (await resp.json())["usage"]
+    words, header = _words_and_header(llm, ask)
+    assert usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"] == words + header, usage
+
+
+def test_a_reply_that_ended_has_the_next_turns_opening_read_while_the_caller_listens(llm: LocalLLM) -> None:
+    """Once a reply reaches its end token the worker, idle, reads the template's next-turn opening
+    into that conversation's slot: the next turn's prefill (between the transcript and the first
+    token) is then the caller's words and the assistant's header only. Not after a reply that was
+    cut (its conversation does not continue that way)."""
+    history = [{"role": "system", "content": "Answer in one short sentence."}]
+
+    def turn(ask: str, max_tokens: int = 60) -> tuple[int, int, str]:
+        history.append({"role": "user", "content": ask})
+        pieces: list[str] = []
+        prompt, _, finish, cached = llm.stream(
+            history, max_tokens=max_tokens, temperature=0.0, stop=threading.Event(), emit=pieces.append
+        )
+        history.append({"role": "assistant", "content": "".join(pieces)})
+        return prompt - cached, llm.read_aheads, finish
+
+    def settled(before: int) -> int:
+        t0 = time.monotonic()
+        while llm.read_aheads == before and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        return llm.read_aheads
+
+    opening = len(llm.tokenizer.turn_opening())
+    ask = "What is the capital of France?"
+    words, header = _words_and_header(llm, ask)
+    _, before, finish = turn("Hello, who are you?")
+    assert finish == "stop"
+    after = settled(before)
+    assert after == before + 1
+    read, _, finish = turn(ask)
+    # only the words and the assistant's header; without the read-ahead the opening's tokens too
+    assert read == words + header, (read, words, header, opening)
+    settled(after)
+    _, cut_before, finish = turn("Tell me a long story about the sea.", max_tokens=4)
+    assert finish == "length"
+    time.sleep(0.3)
+    assert llm.read_aheads == cut_before  # a reply cut at max_tokens: nothing read ahead
+
+
 def test_missing_model_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(LLMLoadError, match="does not exist"):
         LocalLLM(tmp_path / "nope.gguf").load(progress=lambda *_: None)
@@ -301,6 +374,7 @@ async def test_four_calls_at_once_all_get_their_first_token_before_any_reply_end
     assert all(text.strip() for _, _, text in results), results
     assert max(first for first, _, _ in results) < min(end for _, end, _ in results), results
     assert not llm.busy
+    assert max(llm.decode_batches) >= 2, llm.decode_batches  # their decode steps ran as batches
 
 
 def test_concurrent_out_of_range_is_a_clear_error(capsys) -> None:
