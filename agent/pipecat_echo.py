@@ -2,14 +2,17 @@
 
     canceller = PipecatEcho()
     Pipeline([transport.input(), canceller.cleaner(), stt, canceller.transcripts(), pair.user(), llm, tts,
-              YieldGate(...), canceller.reference(), transport.output(), pair.assistant()])
+              YieldGate(...), transport.output(), canceller.reference(), pair.assistant()])
 
-* :meth:`PipecatEcho.reference` sits just before ``transport.output()``: every
-  ``OutputAudioRawFrame`` that passes is what the transport plays next, in order and in real time,
-  so it goes to the canceller's far end with its play time (after the audio queued before it).
-  An ``InterruptionFrame`` makes the transport drop what it had queued: the far end is truncated
-  there. The words of ``TTSTextFrame``s (word-timed, they pass with their audio) are kept a few
-  seconds for the transcript check.
+* :meth:`PipecatEcho.reference` sits just after ``transport.output()``, which passes each
+  ``OutputAudioRawFrame`` on once it has written it: so the frame goes to the canceller's far end
+  with the time it left (after the audio sent before it, which the far end's player still
+  plays). Not before the output: there a frame's time is when it was queued, and a busy event
+  loop writes behind the queue, more and more (on a loaded phone call, 1 s behind after 2 s of
+  greeting), so the echo came back later than the canceller's whole delay range and passed.
+  An ``InterruptionFrame`` makes the transport drop what it had queued (and a phone's player its
+  buffer): the far end is truncated there. The words of ``TTSTextFrame``s (word-timed, the output
+  passes them on with their audio) are kept a few seconds for the transcript check.
 * :meth:`PipecatEcho.cleaner` sits just after ``transport.input()``: each ``InputAudioRawFrame``'s
   audio is replaced by the cancelled audio, so Pipecat's VAD (in the user aggregator), the
   YieldGate's own VAD and the STT all read the caller without the bot.

@@ -443,6 +443,7 @@ class TwilioCaller:
         self.echo = echo
         self.talking: list[tuple[float, float]] = []  # (start, end) of each utterance the caller sent
         self._t0: float | None = None  # when the first uplink packet was due: sample 0 of the line
+        self._pending = b""  # the rest of the utterance being sent
 
     async def hello(self) -> None:
         start = {
@@ -459,34 +460,43 @@ class TwilioCaller:
         )
 
     async def send_audio(self) -> None:
-        next_at, seq, pending = time.monotonic(), 2, b""
+        """One 20 ms packet per 20 ms of the line's clock. When this event loop (shared with the
+        agent under test) fell behind, the packets owed go at once, as a phone's buffered uplink
+        would: sent one per loop turn, they had lagged the clock by up to 2 s under load, and the
+        uplink then carried the bot's echo 2 s late, a phone no caller has."""
+        next_at, seq = time.monotonic(), 2
         self._t0 = next_at
         while True:
-            if not pending and not self.outgoing.empty():
-                pending = self.outgoing.get_nowait()
-            chunk, pending = (pending[:TWILIO_CHUNK], pending[TWILIO_CHUNK:]) if pending else (MULAW_SILENCE, b"")
-            if chunk is not MULAW_SILENCE:
-                now = time.monotonic()
-                if not self.talking or self.talking[-1][1] < now - 0.05:
-                    self.talking.append((now, now))
-                self.talking[-1] = (self.talking[-1][0], now + 0.02)
-                if not pending:
-                    self.speech_end = now
-            chunk = chunk.ljust(TWILIO_CHUNK, b"\xff")
-            if self.echo is not None:
-                chunk = _mulaw_mix(chunk, self.echo.pull(TWILIO_CHUNK))
-            media = {
-                "track": "inbound",
-                "chunk": str(seq),
-                "timestamp": str(seq * 20),
-                "payload": base64.b64encode(chunk).decode(),
-            }
-            await self.ws.send(
-                json.dumps({"event": "media", "sequenceNumber": str(seq), "media": media, "streamSid": self.stream_sid})
-            )
-            seq += 1
-            next_at += 0.02
+            while next_at <= time.monotonic():
+                media = {
+                    "track": "inbound",
+                    "chunk": str(seq),
+                    "timestamp": str(seq * 20),
+                    "payload": base64.b64encode(self._next_chunk()).decode(),
+                }
+                packet = {"event": "media", "sequenceNumber": str(seq), "media": media, "streamSid": self.stream_sid}
+                await self.ws.send(json.dumps(packet))
+                seq += 1
+                next_at += 0.02
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    def _next_chunk(self) -> bytes:
+        """The next 20 ms of the uplink: the caller's queued speech or silence, plus the echo."""
+        if not self._pending and not self.outgoing.empty():
+            self._pending = self.outgoing.get_nowait()
+        pending = self._pending
+        chunk, self._pending = (pending[:TWILIO_CHUNK], pending[TWILIO_CHUNK:]) if pending else (MULAW_SILENCE, b"")
+        if chunk is not MULAW_SILENCE:
+            now = time.monotonic()
+            if not self.talking or self.talking[-1][1] < now - 0.05:
+                self.talking.append((now, now))
+            self.talking[-1] = (self.talking[-1][0], now + 0.02)
+            if not self._pending:
+                self.speech_end = now
+        chunk = chunk.ljust(TWILIO_CHUNK, b"\xff")
+        if self.echo is not None:
+            chunk = _mulaw_mix(chunk, self.echo.pull(TWILIO_CHUNK))
+        return chunk
 
     async def receive(self) -> None:
         async for raw in self.ws:

@@ -411,6 +411,7 @@ class EchoCanceller:
         self._talk_hold = 0  # frames the last double-talk decision still holds
         self._linear_run = 0  # frames in a row the linear check found the caller in
         self._talk_run = 0  # frames in a row judged double talk
+        self._far_since: int | None = None  # sample clock: since when the bot's audio is in the echo's search range
         self._since_talk = ADAPT_AFTER  # frames since the caller was last heard over the bot
         self._mic_levels = deque(maxlen=300)  # mic dB of the last frames: the noise floor's estimate
         self._floor_db = _FLOOR_DB
@@ -568,8 +569,11 @@ class EchoCanceller:
         if ref_db <= -60.0:
             self._linear_step(at, mic)  # its reference history stays continuous
             self._talk_hold = 0
+            self._far_since = None
             return out  # no bot audio arriving: nothing to judge
         self.stats.far_frames += 1
+        if self._far_since is None:
+            self._far_since = at
         # how loud the echo gets against the bot: a high percentile of the frames below (a caller
         # speaking is neither cancelled nor far below the bot, and stays out)
         erl = float(np.percentile(self._erl, 90)) if len(self._erl) >= MIN_MEASURED else 0.0
@@ -603,8 +607,13 @@ class EchoCanceller:
             if mic_db > self._floor_db + 15.0:  # echo to cancel in it, not the line's noise
                 self._linear_erle.append(mic_db - _db(linear))
         # frames that bound the echo: AEC3 took most of it (mostly echo), or the mic is far quieter
-        # than the bot (whatever echo there is lies below it: headphones, a good device canceller)
-        if mic_db - out_db >= 6.0 or mic_db - ref_db <= -20.0:
+        # than the bot (whatever echo there is lies below it: headphones, a good device canceller).
+        # Only where the echo could be in them: once located, or after the bot's audio has been
+        # arriving for the whole search range (on the sample clock: audio that arrives in bursts
+        # brings more frames than time). Before, a quiet mic may just be an echo still on its way (a
+        # phone's 0.7 s at a call's start): measured as "no echo", the gate then passed the echo
+        settled = self.delay.delay is not None or at - self._far_since >= self.delay.max_lag
+        if settled and (mic_db - out_db >= 6.0 or mic_db - ref_db <= -20.0):
             self._erl.append(max(mic_db, _FLOOR_DB + 5.0) - ref_db)
         if echo_only and out_db > _FLOOR_DB + 5.0:
             self._erle.append(mic_db - out_db)

@@ -122,6 +122,28 @@ def test_truncated_reference_is_not_expected_as_echo() -> None:
     assert not ring.read(at + SR // 4, at + SR).any()
 
 
+def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voice) -> None:
+    """A phone call's first echo came back 0.7 s after the bot's first audio (the speakerphone test,
+    once in ~8 calls): the quiet microphone before it had been taken as "no echo here" (an ERL of
+    -70 dB), so the gate passed the echo when it came, AEC3 not cancelling yet, and the agent
+    stopped its greeting for it. The microphone's level says nothing of the echo until the bot's
+    audio has been arriving for the whole delay range, or the delay is located."""
+    echo, noise = _scene(bot_voice, delay_ms=700, gain_db=0)
+    mic, far = to_int16(echo + noise), to_int16(bot_voice)
+    early = EchoCanceller()
+    through_canceller(early, mic[: int(0.65 * SR)], far, rate=SR)  # up to just before the echo arrives
+    assert early.stats.far_frames > 50  # the bot was playing all along
+    assert early.stats.erl_db is None, early.stats  # and nothing was concluded from the silence
+    # the whole greeting: what the gate lets through while the echo is there is a few frames, not
+    # the run of echo a VAD takes for a caller (measured: the loud frames were 26 before and after)
+    full = EchoCanceller()
+    out = through_canceller(full, mic, far, rate=SR).astype(np.float32) / 32768
+    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
+    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4  # above -40 dBFS
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
+    assert runs.size == 0 or runs.max() <= 10, runs  # no 100 ms of echo in a row (Pipecat's VAD wants 200 ms)
+
+
 @pytest.mark.parametrize(
     ("transcript", "played", "echo"),
     [
