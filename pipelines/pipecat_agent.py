@@ -42,6 +42,7 @@ import asyncio
 import os
 import signal
 import sys
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_speculation import SpeculativeAudioHold, hold_audio_not_text
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
+from pipelines.frame_log import FrameLog
 from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
@@ -102,6 +104,7 @@ class AgentConfig:
     # caller's words as SmolLM2 reads them, pipelines.text_turn) or "smart-turn" (its verdict, 1 s timeout)
     end_of_turn: str = "judge"
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
+    frame_log: str | None = None  # STREAMVOX_FRAME_LOG: append each call's frame timeline here (pipelines.frame_log)
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
 
     @classmethod
@@ -123,6 +126,7 @@ class AgentConfig:
             speculate=speculate_mode(env) != "off",
             speculate_audio=speculate_mode(env) == "on",
             end_of_turn=end_of_turn_mode(env),
+            frame_log=env.get("STREAMVOX_FRAME_LOG") or None,
         )
 
 
@@ -281,8 +285,10 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
             tts,
             *([hold] if hold is not None else []),
             YieldGate(lead_ms=GATE_LEAD_MS),
-            *([echo.reference()] if echo else []),
             transport.output(),
+            # after the output: it passes each audio frame on once written, so the reference has
+            # the time it left, not the time it was queued (agent.pipecat_echo says why)
+            *([echo.reference()] if echo else []),
             pair.assistant(),
         ]
     )
@@ -293,7 +299,8 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         enable_metrics=True,
         report_only_initial_ttfb=False,
     )
-    worker = PipelineWorker(pipeline, params=params, observers=[figures])
+    timeline = FrameLog(config.frame_log, uuid.uuid4().hex[:8]) if config.frame_log else None
+    worker = PipelineWorker(pipeline, params=params, observers=[figures, *([timeline] if timeline else [])])
     if not phone:  # the page reads them from the data channel (RTVI server messages)
         figures.send = worker.rtvi.send_server_message
 
@@ -306,6 +313,8 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     @transport.event_handler("on_client_disconnected")
     async def _bye(_transport, _client) -> None:
         await worker.cancel()
+        if timeline is not None:
+            timeline.close()
 
     return Agent(worker, context, tts, figures, echo, strategies.stop[0], hold)
 
@@ -397,13 +406,21 @@ def _check_parts(config: AgentConfig, prompts: VoicePrompts) -> None:
 
 
 def _llm_refusal(config: AgentConfig) -> str | None:
-    """Why the LLM refuses the agent's first request, or None when it takes it."""
+    """Why the LLM refuses the agent's first request, or None when it takes it.
+
+    The request is a call's first turn as the agent will send it: the system prompt, the greeting
+    and a caller's words. So it also warms a caching LLM (``pipelines.local_llm``) for every call:
+    a caller who heard the greeting whole then waits, on the first turn, only for their own words
+    to be read, not for the greeting's (docs/BENCHMARKS.md, "local LLM")."""
     import json
     import urllib.error
     import urllib.request
 
     url = f"{(config.llm_base_url or '').rstrip('/')}/chat/completions"
-    messages = [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": "Hello."}]
+    messages = [{"role": "system", "content": config.system_prompt}]
+    if config.greeting:
+        messages.append({"role": "assistant", "content": config.greeting})
+    messages.append({"role": "user", "content": "Hello."})
     body = json.dumps({"model": config.llm_model, "messages": messages, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {config.llm_api_key}"}
     try:

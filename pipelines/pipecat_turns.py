@@ -143,6 +143,9 @@ class JudgedTurnStop(SpeculativeTurnStop):
         self.words = words  # a TextTurnModel (or anything with ``p_end_async``); None: the cue alone
         self.decisions: list[dict[str, Any]] = []  # per pause: words, probabilities, wait (figures)
         self._stopped_at: float | None = None  # time.time() of the VAD stop the pending decision counts from
+        # the last VAD stop while the caller has not spoken since: a turn boundary does not clear it
+        # (a transcript that comes after the previous turn ended still counts from its own stop)
+        self._last_stop: float | None = None
         self._acoustic: float | None = None
         self._logprob: float | None = None  # how sure Whisper was of the last segment's words
         self._decision: asyncio.Task | None = None
@@ -151,9 +154,13 @@ class JudgedTurnStop(SpeculativeTurnStop):
         # the analyzer keeps its buffer; its own silence timeout is not a decision here
         self._turn_analyzer.append_audio(frame.audio, self._vad_user_speaking)
 
+    async def _handle_vad_user_started_speaking(self, frame: VADUserStartedSpeakingFrame) -> None:
+        self._last_stop = None
+        await super()._handle_vad_user_started_speaking(frame)
+
     async def _handle_vad_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
         self._vad_user_speaking, self._vad_stopped = False, True
-        self._stopped_at = frame.timestamp
+        self._stopped_at = self._last_stop = frame.timestamp
         _state, prediction = await self._turn_analyzer.analyze_end_of_turn()
         await self._handle_prediction_result(prediction)
         self._acoustic = getattr(prediction, "probability", None)
@@ -162,11 +169,18 @@ class JudgedTurnStop(SpeculativeTurnStop):
         self._text = frame.text
         result = frame.result if isinstance(frame.result, dict) else {}
         self._logprob = result.get("text_logprob")
-        if self._vad_user_speaking or self._stopped_at is None or not self._turn_text:
+        # A transcript whose VAD stop came before the last turn ended (the caller's last words in a
+        # segment of their own, "... the train. | Please.", transcribed after the judge had closed
+        # the turn on the first part) starts a turn the stop strategy saw no VAD stop in: it counts
+        # from that stop all the same, or it would wait for the aggregator's stop timeout, seconds
+        # of dead air
+        stopped_at = self._stopped_at if self._stopped_at is not None else self._last_stop
+        if self._vad_user_speaking or stopped_at is None or not self._turn_text:
             return  # mid-speech, or a transcript with no VAD stop to count from
+        self._stopped_at = stopped_at
         await self._cancel_decision()
         self._decision = self.task_manager.create_task(
-            self._decide(self._turn_text, self._stopped_at, self._acoustic, self._logprob), f"{self}::decide"
+            self._decide(self._turn_text, stopped_at, self._acoustic, self._logprob), f"{self}::decide"
         )
 
     async def _decide(self, text: str, stopped_at: float, acoustic: float | None, logprob: float | None) -> None:

@@ -51,13 +51,15 @@ ECHO_SESSION_S = 30.0  # a session with the echo on is cut here: an agent talkin
 
 @dataclass(frozen=True)
 class Bounds:
-    """The browser test's bounds, in one place: generous (2 shared cores; the medians measured at
-    the page are about a third of these), the real figures go in docs/BENCHMARKS.md (issue 11's
-    goals: voice-to-voice <= 1 s median, yield <= 300 ms median)."""
+    """The browser test's bounds, in one place: generous (2 shared cores; the real figures go in
+    docs/BENCHMARKS.md, issue 19's goals are far below these). Each is set against the slowest
+    CPU the tests run on (CI's AVX2-only EPYC, no native bf16: the local LLM and the browser share
+    its 2 cores), at about 1.5x the median measured there, so that a run fails on a regression,
+    not on the machine's noise: a bound at the median fails every other run."""
 
     barge_in_silent_ms: float = 1000.0  # caller's speech onset -> agent silent, at the page
     barge_in_yield_ms: float = 600.0  # onset -> agent 20 dB quieter
-    answer_ms: float = 2000.0  # end of the question -> first audio of the answer, at the page
+    answer_ms: float = 3500.0  # end of the question -> first audio of the answer, at the page
     greeting_s: float = 20.0  # Connect -> greeting heard (the first session loads Whisper)
     answer_words: int = 2  # Whisper must hear at least this many words in the answer
 

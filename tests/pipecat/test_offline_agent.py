@@ -15,11 +15,10 @@ import time
 import numpy as np
 import pytest
 import soxr
-import websockets
 from aiohttp import web
 
 from pipelines.local_llm import LocalLLM, build_app
-from support.pipecat_harness import TwilioCaller, counting_server, free_port, room_server, speech
+from support.pipecat_harness import counting_server, free_port, room_server, speech, twilio_call
 from tts_service.audio import mulaw_decode
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -54,28 +53,20 @@ async def test_spoken_question_gets_a_spoken_english_answer(engine) -> None:
             )
             config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=f"http://127.0.0.1:{port}/v1", greeting=None)
             async with room_server(config) as (base, _agents):
-                async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
-                    caller = TwilioCaller(ws)
-                    await caller.hello()
-                    tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
-                    try:
-                        await asyncio.sleep(1.0)
-                        caller.outgoing.put_nowait(question)
-                        asked_at = time.monotonic()
-                        # Wait for the answer to start, then for 1.5 s without voice (the answer ended).
-                        deadline = asked_at + 240
-                        first = last = None
-                        while time.monotonic() < deadline:
-                            voiced = [t for t, ev in caller.events if t > asked_at and _voiced(ev)]
-                            if voiced:
-                                first, last = voiced[0], voiced[-1]
-                                if time.monotonic() - last > 1.5:
-                                    break
-                            await asyncio.sleep(0.1)
-                    finally:
-                        for task in tasks:
-                            task.cancel()
-                        await asyncio.gather(*tasks, return_exceptions=True)
+                async with twilio_call(base) as caller:
+                    await asyncio.sleep(1.0)
+                    caller.outgoing.put_nowait(question)
+                    asked_at = time.monotonic()
+                    # Wait for the answer to start, then for 1.5 s without voice (the answer ended).
+                    deadline = asked_at + 240
+                    first = last = None
+                    while time.monotonic() < deadline:
+                        voiced = [t for t, ev in caller.events if t > asked_at and _voiced(ev)]
+                        if voiced:
+                            first, last = voiced[0], voiced[-1]
+                            if time.monotonic() - last > 1.5:
+                                break
+                        await asyncio.sleep(0.1)
     finally:
         await runner.cleanup()
 

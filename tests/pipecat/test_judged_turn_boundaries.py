@@ -1,0 +1,90 @@
+"""``JudgedTurnStop`` at a turn boundary, frame by frame: Pipecat 1.14's stop strategy as the user
+aggregator drives it (its own task manager, smart-turn v3 loaded for real), no pipeline around it.
+
+The case: the caller's "I would rather take the train, please." comes as two VAD segments; the
+judge ends the turn on the first transcript, and the second segment's transcript ("Please.")
+arrives after that turn ended. Its VAD stop came before the boundary, so the new turn has no stop
+of its own to count from; before the fix it waited for the aggregator's stop timeout (4 s of dead
+air at the page, seen in the browser scenario's frame log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from pipecat.clocks.system_clock import SystemClock
+from pipecat.frames.frames import TranscriptionFrame, VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame
+from pipecat.processors.frame_processor import FrameProcessorSetup
+from pipecat.utils.asyncio.task_manager import TaskManager
+
+from pipelines.pipecat_turns import JudgedTurnStop
+
+
+@pytest.fixture
+async def stop():
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+
+    strategy = JudgedTurnStop(turn_analyzer=LocalSmartTurnAnalyzerV3(), words=None, speculate=False)
+    setup = FrameProcessorSetup(
+        clock=SystemClock(), task_manager=TaskManager(), pipeline_worker=None, audio_in_sample_rate=16000
+    )
+    await strategy.setup(setup)
+    strategy.ended = []
+
+    @strategy.event_handler("on_user_turn_stopped")
+    async def _ended(*_args, **_kwargs) -> None:
+        strategy.ended.append(time.monotonic())
+
+    await strategy.handle_user_turn_started()
+    yield strategy
+    await strategy.cleanup()
+
+
+async def _speech(stop: JudgedTurnStop, seconds: float) -> None:
+    await stop.process_frame(VADUserStartedSpeakingFrame())
+    await asyncio.sleep(seconds)
+    await stop.process_frame(VADUserStoppedSpeakingFrame())
+
+
+async def _ended(stop: JudgedTurnStop, count: int, within_s: float) -> bool:
+    t0 = time.monotonic()
+    while len(stop.ended) < count and time.monotonic() - t0 < within_s:
+        await asyncio.sleep(0.01)
+    return len(stop.ended) >= count
+
+
+async def _next_turn(stop: JudgedTurnStop) -> None:
+    await stop.handle_user_turn_stopped()  # what the aggregator does at the boundary
+    await stop.handle_user_turn_started()
+
+
+async def test_a_transcript_after_the_turn_ended_counts_from_its_own_vad_stop(stop) -> None:
+    await _speech(stop, 0.3)  # "I would rather take the train"
+    await _speech(stop, 0.1)  # ", please."
+    await stop.process_frame(TranscriptionFrame("I would rather take the train.", "caller", "now"))
+    assert await _ended(stop, 1, 3.0), stop.decisions  # the judge's sentence wait, from the last stop
+    await _next_turn(stop)
+    await asyncio.sleep(0.3)  # Whisper's decode of the second segment
+    asked = time.monotonic()
+    await stop.process_frame(TranscriptionFrame("Please.", "caller", "now"))
+    assert await _ended(stop, 2, 3.0), stop.decisions  # not the 4 s stop timeout: never, here
+    # its stop was a sentence wait ago already: the turn ends at once
+    assert stop.ended[1] - asked < 0.3 and [d["text"] for d in stop.decisions] == [
+        "I would rather take the train.",
+        "Please.",
+    ]
+
+
+async def test_a_transcript_while_the_caller_speaks_again_waits_for_the_next_stop(stop) -> None:
+    await _speech(stop, 0.2)
+    await stop.process_frame(TranscriptionFrame("Could you send me", "caller", "now"))
+    assert await _ended(stop, 1, 3.0)
+    await _next_turn(stop)
+    await stop.process_frame(VADUserStartedSpeakingFrame())  # the caller goes on: that stop is old
+    await stop.process_frame(TranscriptionFrame("the invoice", "caller", "now"))
+    assert not await _ended(stop, 2, 0.8), stop.decisions
+    await stop.process_frame(VADUserStoppedSpeakingFrame())
+    await stop.process_frame(TranscriptionFrame("for last month?", "caller", "now"))
+    assert await _ended(stop, 2, 3.0), stop.decisions
