@@ -52,15 +52,22 @@ async def test_a_caller_who_pauses_mid_thought_is_answered_once_for_the_whole_tu
     assert early == [], f"agent audio {early[0] - ended:+.2f} s from the caller's end"
 
 
-async def test_a_finished_question_smart_turn_doubts_ends_sooner_with_the_judge(engine) -> None:
-    # "How much does it cost if I pay by card?" (the Caribbean voice): smart-turn calls it incomplete
-    # and the turn waits for its 1 s timeout; the words read as a question that may be over
-    smart = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="smart-turn")
-    judged = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="judge")
+# A finished turn smart-turn calls incomplete at any silence after it (p <= 0.01 on the phone line),
+# so its rule waits for the 1 s timeout, and whose words Whisper hears alike however the line's
+# segment falls ("No."): the judge ends it after 0.4 s. Until 12-04 this was QUESTION ("How much
+# does it cost if I pay by card?"), whose words tiny.en hears differently run to run on the line; a
+# reading of them SmolLM2 took for unfinished ("I will not know me because if I pay my card.", 1 in
+# 4 segmentations offline) made the judge wait its longest, 1.8 s, and the test fail on CI
+FINISHED = "espeak-us-f3/no"
+
+
+async def test_a_finished_turn_smart_turn_doubts_ends_sooner_with_the_judge(engine) -> None:
+    smart = await _call(engine, _caller(FINISHED), ["Alright."], end_of_turn="smart-turn")
+    judged = await _call(engine, _caller(FINISHED), ["Alright."], end_of_turn="judge")
     (smart_turn,), (judged_turn,) = smart[3].figures.turns, judged[3].figures.turns
     print(f"\nend of turn: smart-turn {smart_turn['end_of_turn']:.0f} ms, judge {judged_turn['end_of_turn']:.0f} ms "
           f"({judged[3].turns.decisions})")  # fmt: skip
-    assert heard_the_question(_users(judged[0][-1])[-1])
+    assert "no" in words(_users(judged[0][-1])[-1]), judged[3].turns.decisions
     assert judged_turn["end_of_turn"] < smart_turn["end_of_turn"] - 150, (smart_turn, judged_turn)
 
 
