@@ -67,10 +67,10 @@ from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_speculation import SpeculativeAudioHold, hold_audio_not_text
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
-from pipelines.frame_log import FrameLog
 from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
+from pipelines.pipecat_frame_log import FrameLog
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService
 from pipelines.room_limits import RoomLimits
@@ -104,7 +104,7 @@ class AgentConfig:
     # caller's words as SmolLM2 reads them, pipelines.text_turn) or "smart-turn" (its verdict, 1 s timeout)
     end_of_turn: str = "judge"
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
-    frame_log: str | None = None  # STREAMVOX_FRAME_LOG: append each call's frame timeline here (pipelines.frame_log)
+    frame_log: str | None = None  # STREAMVOX_FRAME_LOG: each call appends its frame timeline here (pipecat_frame_log)
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
 
     @classmethod

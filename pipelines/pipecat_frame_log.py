@@ -9,7 +9,7 @@ was pushed, like the stage figures. Off unless the variable is set: a line per L
 fine for a measurement, not for every call of a deployment.
 
     STREAMVOX_FRAME_LOG=out/frames.jsonl python -m pipelines.pipecat_agent
-    python -m pipelines.frame_log out/frames.jsonl       # per turn: ms after the VAD stop
+    python -m pipelines.pipecat_frame_log out/frames.jsonl       # per turn: ms after the VAD stop
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def summarise(path: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.frame_log", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.pipecat_frame_log", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help=f"a file the demo wrote ({ENV}=FILE)")
     args = parser.parse_args(argv)
     if not args.path.is_file():

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from pipelines import frame_log
+from pipelines import pipecat_frame_log as frame_log
 from support.pipecat_harness import counting_server, fake_llm, first_time, room_server, speech, twilio_call, voiced
 
 QUESTION = "What is the capital of France?"
