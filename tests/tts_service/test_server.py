@@ -40,7 +40,7 @@ from tts_service.segmenter import SegmenterOptions
 from tts_service.server import ServerConfig
 
 FOX = "The quick brown fox jumps over the lazy dog near the river bank."
-SHOP = "She sells fresh bread and warm coffee at the little shop on the corner."
+SHOP = "The baker sells fresh bread and warm coffee in the little shop by the station."
 SHORT = "Thank you for calling, how can I help you today?"
 LONG = (
     "Once upon a time, in a quiet village by the sea, there lived an old fisherman and his wife. "
