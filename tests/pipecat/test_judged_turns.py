@@ -52,23 +52,28 @@ async def test_a_caller_who_pauses_mid_thought_is_answered_once_for_the_whole_tu
     assert early == [], f"agent audio {early[0] - ended:+.2f} s from the caller's end"
 
 
-# A finished turn smart-turn calls incomplete at any silence after it (p <= 0.01 on the phone line),
-# so its rule waits for the 1 s timeout, and whose words Whisper hears alike however the line's
-# segment falls ("No."): the judge ends it after 0.4 s. Until 12-04 this was QUESTION ("How much
-# does it cost if I pay by card?"), whose words tiny.en hears differently run to run on the line; a
-# reading of them SmolLM2 took for unfinished ("I will not know me because if I pay my card.", 1 in
-# 4 segmentations offline) made the judge wait its longest, 1.8 s, and the test fail on CI
+# A finished short answer ("No."): the judge ends it after its short wait (0.4 s at most after the
+# VAD stop), sooner than smart-turn's rule when that model doubts a turn (its 1 s timeout). Until
+# 12-04 this test also ran the call under smart-turn's rule and compared the two; its premise (that
+# smart-turn doubts this caller) did not hold on a fresh clone: smart-turn called "No." complete there
+# (end of turn +539 ms, the judge +689 ms) where it had given p <= 0.01 offline, and its verdict
+# swings with how the line's segment falls (docs/BENCHMARKS.md, "Turn-taking"). The A/B of the two
+# rules lives in the benchmark (scripts/end_of_turn.py); here the judge's own bound, in real time.
+# Before that, QUESTION ("How much does it cost if I pay by card?"): tiny.en's words for it vary run
+# to run on the line, and one reading SmolLM2 took for unfinished made the judge wait 1.8 s
 FINISHED = "espeak-us-f3/no"
+SMART_TURN_TIMEOUT_MS = 1000.0  # what smart-turn's rule waits after the VAD stop when it doubts the turn
 
 
-async def test_a_finished_turn_smart_turn_doubts_ends_sooner_with_the_judge(engine) -> None:
-    smart = await _call(engine, _caller(FINISHED), ["Alright."], end_of_turn="smart-turn")
-    judged = await _call(engine, _caller(FINISHED), ["Alright."], end_of_turn="judge")
-    (smart_turn,), (judged_turn,) = smart[3].figures.turns, judged[3].figures.turns
-    print(f"\nend of turn: smart-turn {smart_turn['end_of_turn']:.0f} ms, judge {judged_turn['end_of_turn']:.0f} ms "
-          f"({judged[3].turns.decisions})")  # fmt: skip
-    assert "no" in words(_users(judged[0][-1])[-1]), judged[3].turns.decisions
-    assert judged_turn["end_of_turn"] < smart_turn["end_of_turn"] - 150, (smart_turn, judged_turn)
+async def test_a_finished_short_answer_ends_sooner_than_smart_turns_timeout(engine) -> None:
+    requests, _, _, agent = await _call(engine, _caller(FINISHED), ["Alright."], end_of_turn="judge")
+    (turn,) = agent.figures.turns
+    decisions = agent.turns.decisions
+    print(f"\nend of turn: judge {turn['end_of_turn']:.0f} ms, VAD stop {turn['vad_stop']:.0f} ms ({decisions})")
+    assert "no" in words(_users(requests[-1])[-1]), decisions
+    assert decisions and decisions[-1]["wait_s"] <= 0.4, decisions  # a short answer: the short wait
+    # generous: the wait is 0.4 s; the transcript and the pipeline may add a few hundred ms on 2 cores
+    assert turn["end_of_turn"] < turn["vad_stop"] + SMART_TURN_TIMEOUT_MS - 150, (turn, decisions)
 
 
 async def test_a_transcript_that_takes_whispers_second_decode_still_makes_the_turn(engine) -> None:
