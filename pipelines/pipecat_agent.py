@@ -206,6 +206,7 @@ class Agent:
     echo: PipecatEcho | None = None  # the call's echo canceller and its figures (None: not on this path)
     turns: Any = None  # the call's stop strategy (a SpeculativeTurnStop counts its speculations)
     hold: SpeculativeAudioHold | None = None  # where a speculative reply's audio waits (None: not held)
+    gate: YieldGate | None = None  # the call's yield gate (its pauses: where the caller heard the bot stop)
 
 
 # Longer than the judge's longest wait (1.8 s after the VAD stop) plus a slow transcript: a phone
@@ -268,6 +269,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     # (on the page, not by default: with no echo to find, a false one found under a caller who talks
     # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
     echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
+    gate = YieldGate(lead_ms=GATE_LEAD_MS)
     # a speculative reply's audio is made during the wait and held after the TTS (its text is not held)
     hold = SpeculativeAudioHold() if config.speculate and config.speculate_audio else None
     if hold is not None:
@@ -284,7 +286,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
             llm,
             tts,
             *([hold] if hold is not None else []),
-            YieldGate(lead_ms=GATE_LEAD_MS),
+            gate,
             transport.output(),
             # after the output: it passes each audio frame on once written, so the reference has
             # the time it left, not the time it was queued (agent.pipecat_echo says why)
@@ -316,7 +318,7 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         if timeline is not None:
             timeline.close()
 
-    return Agent(worker, context, tts, figures, echo, strategies.stop[0], hold)
+    return Agent(worker, context, tts, figures, echo, strategies.stop[0], hold, gate)
 
 
 def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePrompts | None = None):

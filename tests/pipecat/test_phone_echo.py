@@ -30,6 +30,11 @@ GREETING = (
 QUESTION = "Can you tell me the capital of Italy?"
 
 
+def _paused_s(pause) -> float:
+    """How long one of the YieldGate's pauses held the bot's audio back."""
+    return (pause.ended_at or pause.paused_at) - pause.paused_at
+
+
 def _timeline(events: list[tuple[float, dict]], t0: float) -> str:
     """Voiced runs and clears, in seconds from ``t0``: what the assertion messages show."""
     out, run = [], None
@@ -96,12 +101,14 @@ async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None
             cleared = [t for t, ev in caller.events if ev["event"] == "clear"]
             timeline = _timeline(caller.events, first)
             echo_stats = [a.echo.canceller.stats for a in agents if getattr(a, "echo", None) is not None]
+            pauses = [p for a in agents for p in a.gate.yields if p.paused_at < asked]
 
     before = [r for r in llm_requests if r["_received_at"] < asked]
     print(
         f"\nphone echo {echo_db:+} dB, canceller {echo_mode(os.environ)}: greeting {greeting_s:.1f} s, "
         f"self-interruptions {len([t for t in cleared if t < asked])}, LLM requests before the question {len(before)}, "
-        f"in all {len(llm_requests)}"
+        f"in all {len(llm_requests)}, the bot paused in the greeting {len(pauses)} times "
+        f"({sum(_paused_s(p) for p in pauses):.2f} s: echo residue the YieldGate's VAD took for an onset)"
     )
     # Generous bounds (the rate over many calls, at -6 and 0 dB: this test repeated with
     # PHONE_ECHO_DB=-6,0, docs/BENCHMARKS.md "Echo", command c): without the canceller the
@@ -124,3 +131,78 @@ def test_echo_mode_setting() -> None:
     assert echo_mode({"STREAMVOX_ECHO_CANCEL": " ON "}) == "on"
     with pytest.raises(ValueError, match="STREAMVOX_ECHO_CANCEL must be one of phone, on, off, got 'yes'"):
         echo_mode({"STREAMVOX_ECHO_CANCEL": "yes"})
+
+
+BARGE_IN = "Wait, can you tell me the capital of Italy?"
+
+
+def _silent_at(events: list[tuple[float, dict]], after: float, gap_s: float = 0.5) -> float | None:
+    """When the downlink fell silent after ``after``: its last voiced packet before ``gap_s`` without
+    one (``after`` itself when it was already silent then)."""
+    times = [t for t, ev in events if voiced(ev)]
+    prev = max((t for t in times if t < after), default=after - gap_s)
+    for t in (t for t in times if t >= after):
+        if t - prev >= gap_s:
+            return max(prev, after)
+        prev = t
+    return None
+
+
+@pytest.mark.solo
+@pytest.mark.slow
+# A measurement of an open gap, not yet a check make test can hold: the canceller ducks a caller who
+# talks over the bot's echo, and their barge-in is missed in about one call of three, at 19b528d as
+# here (docs/BENCHMARKS.md, "Echo", command i). PHONE_BARGE_DB=-6,0 runs it, one printed line a call.
+@pytest.mark.skipif(
+    "PHONE_BARGE_DB" not in os.environ,
+    reason="issue 18, open: a speakerphone caller's barge-in over the echo is missed in ~1 call of 3; "
+    "PHONE_BARGE_DB=-6,0 measures it",
+)
+@pytest.mark.parametrize("echo_db", [float(x) for x in os.environ.get("PHONE_BARGE_DB", "-6").split(",")])
+async def test_a_speakerphone_caller_talking_over_the_greeting_stops_it(engine, echo_db: float) -> None:
+    """Double talk on the phone path: the caller on speakerphone (the greeting's echo in the uplink)
+    talks over the greeting 3 s into it. The bot falls silent (the YieldGate's pause, then Pipecat's
+    interruption), the phone gets ``clear``, and the LLM is asked the caller's question. Generous
+    bounds; the figures are the printed line (docs/BENCHMARKS.md, "Echo"). A start strategy that
+    waited for the caller to be heard for certain over the bot failed this (its transcript dropped)."""
+    from pipelines.pipecat_agent import AgentConfig
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
+        barge = await speech(tts_server.ws_url, BARGE_IN, sample_rate=8000, encoding="mulaw")
+        config = AgentConfig(
+            tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", greeting=GREETING, echo_cancel="phone"
+        )
+        async with room_server(config) as (base, _agents):
+            async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
+                echo = EchoPath(sample_rate=8000, delay_ms=150, gain_db=echo_db, room=Room(rt60_s=0.3, seed=7))
+                caller = TwilioCaller(ws, echo=echo)
+                await caller.hello()
+                tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
+                try:
+                    first = await first_time(caller.events, lambda t, ev: voiced(ev), 30, "the greeting")
+                    await asyncio.sleep(max(0.0, first + 3.0 - time.monotonic()))  # 3 s into the greeting
+                    barge_at = time.monotonic()
+                    caller.outgoing.put_nowait(barge)
+                    # what the caller meets over the next 14 s (the greeting would have ended by then),
+                    # read afterwards: the printed line says it whatever the outcome
+                    await asyncio.sleep(14.0)
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+    silent = _silent_at(caller.events, barge_at)
+    cleared = min((t for t, ev in caller.events if ev["event"] == "clear" and t > barge_at), default=None)
+    users = [m["content"] for r in llm_requests for m in r["messages"] if m["role"] == "user"]
+    heard = "never" if silent is None else f"{1000 * (silent - barge_at):.0f} ms"
+    print(
+        f"\nphone barge-in over the echo {echo_db:+} dB (barge-in at {barge_at - first:.2f} s): silent {heard}, "
+        f"clear {'never' if cleared is None else f'{1000 * (cleared - barge_at):.0f} ms'} after the onset; "
+        f"LLM saw {users}; {_timeline(caller.events, first)}"
+    )
+    # generous (4 of 4 calls at -6 dB: silent 0.22-1.56 s, clear 0.89-1.76 s; issue 18 asks 0.3 s; at 0 dB
+    # the caller is often not heard at all over the bot: docs/BENCHMARKS.md, "Echo", open)
+    assert silent is not None and silent - barge_at < 2.5, _timeline(caller.events, first)
+    assert cleared is not None and cleared - barge_at < 3.5, _timeline(caller.events, first)
+    # the caller's words, through the canceller (tiny.en on the line: "Can you tell me the... of Beverly.")
+    assert any(w in u.lower() for u in users for w in ("capital", "tell me", "italy")), users
