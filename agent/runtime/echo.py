@@ -276,26 +276,11 @@ class _Capture:
 
 
 class _Resampler:
-    """int16 bytes at any rate -> float32 at RATE, streaming (soxr keeps the filter state).
-
-    soxr's stream hands its output on in blocks, not per chunk: 20 ms chunks at 8 kHz come out as
-    nothing for 100 ms, then 100 ms at once. What comes out is in time with the input (no delay
-    of its own), but a piece's *arrival* is not its time: :attr:`lag_s` is how much input it
-    holds back, so a caller can date what comes out by the input it came from. Placed by its
-    arrival, the bot's audio on a phone call sat up to 100 ms late on the canceller's clock (the
-    echo's delay read 76 ms for 150), by another amount after each pause of the bot.
-    """
+    """int16 bytes at any rate -> float32 at RATE, streaming (soxr keeps the filter state)."""
 
     def __init__(self) -> None:
         self.rate: int | None = None
         self.stream = None
-        self._fed = 0  # input samples given to the stream
-        self._made = 0  # output samples it returned
-
-    @property
-    def lag_s(self) -> float:
-        """Seconds of input given to the stream and not yet returned at ``RATE``."""
-        return self._fed / self.rate - self._made / RATE if self.rate else 0.0
 
     def __call__(self, pcm: bytes, sample_rate: int) -> np.ndarray:
         x = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
@@ -305,11 +290,7 @@ class _Resampler:
             import soxr
 
             self.rate, self.stream = sample_rate, soxr.ResampleStream(sample_rate, RATE, 1, dtype="float32")
-            self._fed = self._made = 0
-        y = self.stream.resample_chunk(x)
-        self._fed += len(x)
-        self._made += len(y)
-        return y
+        return self.stream.resample_chunk(x)
 
 
 class _LinearEcho:
@@ -458,10 +439,9 @@ class EchoCanceller:
     def far(self, pcm: bytes, sample_rate: int, t: float | None = None) -> None:
         """The bot's audio (int16 mono at ``sample_rate``) that starts playing at ``t`` (clock time)."""
         c0 = time.thread_time()
-        held = self._far_rs.lag_s  # the output's first sample is the input from this long before ``t``
         x = self._far_rs(pcm, sample_rate)
         if x.size:
-            at = self._far_at.place((self._clock() if t is None else t) - held, len(x))
+            at = self._far_at.place(self._clock() if t is None else t, len(x))
             self._ref.write(at, x)
             if self.stats.first_far_t is None:
                 self.stats.first_far_t = at / RATE
@@ -480,7 +460,7 @@ class EchoCanceller:
         """The caller's audio that arrived at ``t`` (its last sample); returns it cleaned, as int16 at 16 kHz."""
         c0 = time.thread_time()
         x = self._near_rs(pcm, sample_rate)
-        end_t = (self._clock() if t is None else t) - self._near_rs.lag_s  # when x's last sample arrived
+        end_t = self._clock() if t is None else t
         at = self._near_at.place(end_t, len(x))
         self._pending_at = at - len(self._pending)  # the clock may have moved: the unfinished frame with it
         self._pending = np.concatenate([self._pending, x])
