@@ -67,6 +67,9 @@ CACHE_VERSION = "v3"  # bump when the cached tensors' layout changes
 # End-of-turn tokens of common chat templates; the ones in the vocabulary stop generation.
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 TRIM_STEP = 4  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit_prompt)
+# No token of a chat model's vocabulary spans more characters than this: a text longer than room * this
+# cannot fit, which fit_prompt tells without tokenising it (the tokenizer holds the GIL: ~0.9 s for 1 MB)
+MAX_TOKEN_CHARS = 32
 TRIMS = ("shift", "reread")  # how the cache follows a trimmed history (see LocalLLM)
 # Tokens a conversation's cache holds unless told otherwise (--max-len, "model": the model's own
 # context, from its metadata). Not SmolLM2's 8,192: a few thousand tokens into a call its replies
@@ -313,6 +316,17 @@ class LocalLLM:
         """
         model = self.engine.model
         room = model.max_len - min(max_tokens, model.max_len // 4)
+        # what is never dropped (system messages, the last message), judged by its length first: a
+        # huge request held /healthz ~0.9 s while its 1 MB message was tokenised, GIL held, to say no
+        kept = sum(
+            len(str(m.get("content") or ""))
+            for i, m in enumerate(messages)
+            if m["role"] == "system" or i == len(messages) - 1
+        )
+        if kept > room * MAX_TOKEN_CHARS:
+            raise PromptTooLong(
+                f"the prompt has over {room} tokens ({kept} characters); at most {room} fit this model's cache"
+            )
         ids = self.tokenizer.encode_chat(messages)
         if len(ids) <= room:
             return FittedPrompt(ids)
