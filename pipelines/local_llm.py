@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -67,9 +68,6 @@ CACHE_VERSION = "v3"  # bump when the cached tensors' layout changes
 # End-of-turn tokens of common chat templates; the ones in the vocabulary stop generation.
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 TRIM_STEP = 4  # messages dropped at a time from a history too long for the cache (see LocalLLM.fit_prompt)
-# No token of a chat model's vocabulary spans more characters than this: a text longer than room * this
-# cannot fit, which fit_prompt tells without tokenising it (the tokenizer holds the GIL: ~0.9 s for 1 MB)
-MAX_TOKEN_CHARS = 32
 TRIMS = ("shift", "reread")  # how the cache follows a trimmed history (see LocalLLM)
 # Tokens a conversation's cache holds unless told otherwise (--max-len, "model": the model's own
 # context, from its metadata). Not SmolLM2's 8,192: a few thousand tokens into a call its replies
@@ -220,6 +218,7 @@ class LocalLLM:
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._opening = self.tokenizer.turn_opening() if self.read_ahead else []
+        _ = self._longest_token  # read the vocabulary now, not inside the first request
         self._warm_up()
         threading.Thread(target=self._serve, name=f"llm-{self.name}", daemon=True).start()
         progress(
@@ -306,6 +305,12 @@ class LocalLLM:
         """The prompt's token ids (see :meth:`fit_prompt`)."""
         return self.fit_prompt(messages, max_tokens).ids
 
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        """Characters the vocabulary's longest token spans (SmolLM2: 81, a run of spaces): a text longer
+        than ``room`` times this cannot fit, which :meth:`fit_prompt` tells without tokenising it."""
+        return max(len(token) for token in self.tokenizer.tokenizer.get_vocab())
+
     def fit_prompt(self, messages: list[dict[str, Any]], max_tokens: int) -> FittedPrompt:
         """The prompt the model reads; a history too long for the cache loses its oldest messages.
 
@@ -323,7 +328,7 @@ class LocalLLM:
             for i, m in enumerate(messages)
             if m["role"] == "system" or i == len(messages) - 1
         )
-        if kept > room * MAX_TOKEN_CHARS:
+        if kept > room * self._longest_token:
             raise PromptTooLong(
                 f"the prompt has over {room} tokens ({kept} characters); at most {room} fit this model's cache"
             )
