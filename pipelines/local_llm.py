@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -202,6 +201,7 @@ class LocalLLM:
         self.name = self.source.stem if self.source.is_file() else self.source.name
         self.engine = None
         self.tokenizer = None
+        self._longest_token = 0  # set by load()
         self.folder: Path | None = None
         self._told: dict[int, int] = {}  # slot -> messages dropped that were already logged
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
@@ -218,7 +218,9 @@ class LocalLLM:
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._opening = self.tokenizer.turn_opening() if self.read_ahead else []
-        _ = self._longest_token  # read the vocabulary now, not inside the first request
+        # characters the vocabulary's longest token spans (SmolLM2: 81, a run of spaces): a text longer than
+        # the cache's room times this cannot fit, which fit_prompt tells without tokenising it
+        self._longest_token = max(len(token) for token in self.tokenizer.tokenizer.get_vocab())
         self._warm_up()
         threading.Thread(target=self._serve, name=f"llm-{self.name}", daemon=True).start()
         progress(
@@ -304,12 +306,6 @@ class LocalLLM:
     def fit(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
         """The prompt's token ids (see :meth:`fit_prompt`)."""
         return self.fit_prompt(messages, max_tokens).ids
-
-    @functools.cached_property
-    def _longest_token(self) -> int:
-        """Characters the vocabulary's longest token spans (SmolLM2: 81, a run of spaces): a text longer
-        than ``room`` times this cannot fit, which :meth:`fit_prompt` tells without tokenising it."""
-        return max(len(token) for token in self.tokenizer.tokenizer.get_vocab())
 
     def fit_prompt(self, messages: list[dict[str, Any]], max_tokens: int) -> FittedPrompt:
         """The prompt the model reads; a history too long for the cache loses its oldest messages.
