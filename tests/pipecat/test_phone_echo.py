@@ -14,6 +14,7 @@ WebRTC's AEC3. Fake: the LLM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -28,6 +29,38 @@ GREETING = (
     "and tell you what it costs. Where would you like to go today?"
 )
 QUESTION = "Can you tell me the capital of Italy?"
+
+
+@contextlib.asynccontextmanager
+async def _speakerphone_call(engine, echo_db: float, utterance: str, echo_cancel: str):
+    """A Twilio caller on speakerphone (what the agent sends comes back in the uplink 150 ms later at
+    ``echo_db``, through a small room) calling the demo with the long ``GREETING``. Yields (the
+    caller, ``utterance`` as the line carries it, the agents, the LLM's requests) while the caller's
+    send and receive tasks run."""
+    from pipelines.pipecat_agent import AgentConfig
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
+        said = await speech(tts_server.ws_url, utterance, sample_rate=8000, encoding="mulaw")
+        config = AgentConfig(
+            tts_url=tts_server.ws_url,
+            llm_base_url=llm_url,
+            llm_model="fake",
+            greeting=GREETING,
+            echo_cancel=echo_cancel,
+        )
+        async with room_server(config) as (base, agents):
+            async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
+                echo = EchoPath(sample_rate=8000, delay_ms=150, gain_db=echo_db, room=Room(rt60_s=0.3, seed=7))
+                caller = TwilioCaller(ws, echo=echo)
+                await caller.hello()
+                tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
+                try:
+                    yield caller, said, agents, llm_requests
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _paused_s(pause) -> float:
@@ -59,49 +92,31 @@ def _timeline(events: list[tuple[float, dict]], t0: float) -> str:
 # each call prints one summary line (pytest -s): docs/BENCHMARKS.md "On the phone line"
 @pytest.mark.parametrize("echo_db", [float(x) for x in os.environ.get("PHONE_ECHO_DB", "-6").split(",")])
 async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None:
-    from pipelines.pipecat_agent import AgentConfig, echo_mode
+    from pipelines.pipecat_agent import echo_mode
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
-        question = await speech(tts_server.ws_url, QUESTION, sample_rate=8000, encoding="mulaw")
-        config = AgentConfig(
-            tts_url=tts_server.ws_url,
-            llm_base_url=llm_url,
-            llm_model="fake",
-            greeting=GREETING,
-            echo_cancel=echo_mode(os.environ),
-        )
-        async with room_server(config) as (base, agents):
-            url = base.replace("http://", "ws://") + "/ws"
-            async with websockets.connect(url) as ws:
-                echo = EchoPath(sample_rate=8000, delay_ms=150, gain_db=echo_db, room=Room(rt60_s=0.3, seed=7))
-                caller = TwilioCaller(ws, echo=echo)
-                await caller.hello()
-                tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
-                try:
-                    events = caller.events
-                    first = await first_time(events, lambda t, ev: voiced(ev), 30, "the greeting")
-                    # the greeting plays out: 1 s without a voiced packet after it started
-                    deadline = time.monotonic() + 30
-                    while time.monotonic() < deadline:
-                        last = max((t for t, ev in events if voiced(ev)), default=first)
-                        if time.monotonic() - last > 1.0:
-                            break
-                        await asyncio.sleep(0.1)
-                    greeting_s = last - first
-                    asked = time.monotonic()
-                    caller.outgoing.put_nowait(question)
-                    await first_time(
-                        events, lambda t, ev: t > asked + 0.5 and voiced(ev), 30, "the answer to the question"
-                    )
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-            cleared = [t for t, ev in caller.events if ev["event"] == "clear"]
-            timeline = _timeline(caller.events, first)
-            echo_stats = [a.echo.canceller.stats for a in agents if getattr(a, "echo", None) is not None]
-            pauses = [p for a in agents for p in a.gate.yields if p.paused_at < asked]
+    async with _speakerphone_call(engine, echo_db, QUESTION, echo_mode(os.environ)) as (
+        caller,
+        question,
+        agents,
+        llm_requests,
+    ):
+        events = caller.events
+        first = await first_time(events, lambda t, ev: voiced(ev), 30, "the greeting")
+        # the greeting plays out: 1 s without a voiced packet after it started
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            last = max((t for t, ev in events if voiced(ev)), default=first)
+            if time.monotonic() - last > 1.0:
+                break
+            await asyncio.sleep(0.1)
+        greeting_s = last - first
+        asked = time.monotonic()
+        caller.outgoing.put_nowait(question)
+        await first_time(events, lambda t, ev: t > asked + 0.5 and voiced(ev), 30, "the answer to the question")
+    cleared = [t for t, ev in caller.events if ev["event"] == "clear"]
+    timeline = _timeline(caller.events, first)
+    echo_stats = [a.echo.canceller.stats for a in agents if getattr(a, "echo", None) is not None]
+    pauses = [p for a in agents for p in a.gate.yields if p.paused_at < asked]
 
     before = [r for r in llm_requests if r["_received_at"] < asked]
     print(
@@ -165,32 +180,14 @@ async def test_a_speakerphone_caller_talking_over_the_greeting_stops_it(engine, 
     interruption), the phone gets ``clear``, and the LLM is asked the caller's question. Generous
     bounds; the figures are the printed line (docs/BENCHMARKS.md, "Echo"). A start strategy that
     waited for the caller to be heard for certain over the bot failed this (its transcript dropped)."""
-    from pipelines.pipecat_agent import AgentConfig
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
-        barge = await speech(tts_server.ws_url, BARGE_IN, sample_rate=8000, encoding="mulaw")
-        config = AgentConfig(
-            tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", greeting=GREETING, echo_cancel="phone"
-        )
-        async with room_server(config) as (base, _agents):
-            async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
-                echo = EchoPath(sample_rate=8000, delay_ms=150, gain_db=echo_db, room=Room(rt60_s=0.3, seed=7))
-                caller = TwilioCaller(ws, echo=echo)
-                await caller.hello()
-                tasks = [asyncio.create_task(caller.send_audio()), asyncio.create_task(caller.receive())]
-                try:
-                    first = await first_time(caller.events, lambda t, ev: voiced(ev), 30, "the greeting")
-                    await asyncio.sleep(max(0.0, first + 3.0 - time.monotonic()))  # 3 s into the greeting
-                    barge_at = time.monotonic()
-                    caller.outgoing.put_nowait(barge)
-                    # what the caller meets over the next 14 s (the greeting would have ended by then),
-                    # read afterwards: the printed line says it whatever the outcome
-                    await asyncio.sleep(14.0)
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
+    async with _speakerphone_call(engine, echo_db, BARGE_IN, "phone") as (caller, barge, _agents, llm_requests):
+        first = await first_time(caller.events, lambda t, ev: voiced(ev), 30, "the greeting")
+        await asyncio.sleep(max(0.0, first + 3.0 - time.monotonic()))  # 3 s into the greeting
+        barge_at = time.monotonic()
+        caller.outgoing.put_nowait(barge)
+        # what the caller meets over the next 14 s (the greeting would have ended by then), read
+        # afterwards: the printed line says it whatever the outcome
+        await asyncio.sleep(14.0)
     silent = _silent_at(caller.events, barge_at)
     cleared = min((t for t, ev in caller.events if ev["event"] == "clear" and t > barge_at), default=None)
     users = [m["content"] for r in llm_requests for m in r["messages"] if m["role"] == "user"]
