@@ -209,11 +209,13 @@ class Agent:
     gate: YieldGate | None = None  # the call's yield gate (its pauses: where the caller heard the bot stop)
 
 
-# Longer than the judge's longest wait (1.8 s after the VAD stop) plus a slow transcript: a phone
-# segment Whisper's short window is unsure of takes the 30 s window too, 2-3 s here; at 2 s the
-# turn ended without its words, Pipecat's empty-turn recovery asked the caller to repeat, and the
-# answer came after that (docs/BENCHMARKS.md, "Phone path").
-USER_TURN_STOP_TIMEOUT_S = 4.0
+# A backstop only: the stop strategy ends a turn whose last segment brought no words when that
+# segment's decode is over (pipelines.pipecat_stt.SegmentTranscribedFrame), so this fires only when
+# that signal is lost (an interruption dropped it). It must outlast the slowest decode: a phone
+# segment Whisper's short window is unsure of takes the 30 s window too, 2-3 s here and over 4 s on
+# CI's two cores; at 4 s the turn ended without its words, the empty-turn recovery asked the caller
+# to repeat, and the words were answered after that (docs/BENCHMARKS.md, "Phone path").
+USER_TURN_STOP_TIMEOUT_S = 10.0
 GATE_LEAD_MS = 50.0  # bot audio handed to the transport ahead of the clock: what still plays after a yield
 
 
@@ -232,7 +234,6 @@ def turn_strategies(
     """
     from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
     from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
-    from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
     from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
     from pipelines.pipecat_turns import JudgedTurnStop, SpeculativeTurnStop
@@ -243,7 +244,8 @@ def turn_strategies(
         stop = JudgedTurnStop(turn_analyzer=LocalSmartTurnAnalyzerV3(), words=words, speculate=speculate)
     else:
         analyzer = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
-        stop = (SpeculativeTurnStop if speculate else TurnAnalyzerUserTurnStopStrategy)(turn_analyzer=analyzer)
+        # speculate=False: Pipecat's own end of turn, plus the end of a turn with no words (its decode over)
+        stop = SpeculativeTurnStop(turn_analyzer=analyzer, speculate=speculate)
     return UserTurnStrategies(stop=[stop])
 
 
@@ -258,9 +260,6 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     user_params = LLMUserAggregatorParams(
         vad_analyzer=SileroVADAnalyzer(),
         user_turn_strategies=strategies,
-        # A turn whose last VAD segment brings no transcript (a cough, a word Whisper drops) is
-        # closed by this timeout, not by the stop strategy; Pipecat's 5 s is dead air for the
-        # caller (see USER_TURN_STOP_TIMEOUT_S for why not less).
         user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
     )
     pair = LLMContextAggregatorPair(context, user_params=user_params)

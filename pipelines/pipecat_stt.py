@@ -1,21 +1,41 @@
 """Pipecat's Whisper service on ``pipelines.stt``: a shared model and turn-sized decoding.
 
 Pipecat's ``WhisperSTTService`` queues each VAD segment when the VAD stops and transcribes it in
-the background; only the decode changes here (see ``pipelines.stt`` for why and how).
+the background; the decode changes here (see ``pipelines.stt`` for why and how), and every decode
+ends with a :class:`SegmentTranscribedFrame`, words or none.
+
+Why that frame: a turn whose last segment brings no words (a cough, a word Whisper drops, an echo
+transcript dropped on the way) used to be closed by the user aggregator's stop timeout, a fixed
+guess at how long a decode takes. Too short, and a slow decode (the 30 s window on a loaded
+machine: over 4 s on CI's two cores) lost its words to an empty turn; long enough, and every cough
+was seconds of dead air. The stop strategy (``pipelines.pipecat_turns``) now knows when the decode
+is done instead of guessing.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 import numpy as np
 from loguru import logger
-from pipecat.frames.frames import ErrorFrame, Frame, TranscriptionFrame
+from pipecat.frames.frames import DataFrame, ErrorFrame, Frame, TranscriptionFrame
 from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.utils.time import time_now_iso8601
 
 from pipelines.stt import DecodeOptions, shared_whisper, transcribe
+
+
+@dataclass
+class SegmentTranscribedFrame(DataFrame):
+    """One VAD segment's decode is over; its ``TranscriptionFrame``, if it had words, came just before.
+
+    A data frame, so it stays behind that transcript on the way down. ``queued``: segments still
+    waiting for their decode (a turn with more to come is not over).
+    """
+
+    queued: int = 0
 
 
 class LocalWhisperSTTService(WhisperSTTService):
@@ -31,6 +51,15 @@ class LocalWhisperSTTService(WhisperSTTService):
         self._model = shared_whisper(str(self._settings.model))
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame, None]:
+        try:
+            async for frame in self._decode_segment(audio):
+                yield frame
+        except Exception as exc:  # the segment is lost, not the call: the turn still learns it is over
+            logger.exception(f"{self}: transcription failed")
+            yield ErrorFrame(f"transcription failed: {exc!r}")
+        yield SegmentTranscribedFrame(queued=self._segment_queue.qsize())
+
+    async def _decode_segment(self, audio: bytes) -> AsyncGenerator[Frame, None]:
         if not self._model:
             yield ErrorFrame("Whisper model not available")
             return

@@ -41,6 +41,7 @@ from pipecat.frames.frames import (
 from pipecat.turns.types import ProcessFrameResult, UserTurnSpeculation
 from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
 
+from pipelines.pipecat_stt import SegmentTranscribedFrame
 from pipelines.turn_judge import words
 
 
@@ -68,6 +69,7 @@ class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
         self._turn_text = ""  # every transcript of the open turn (the base keeps only the last)
         self._turn_open = False
         self._speculation: UserTurnSpeculation | None = None
+        self._segment_words = False  # a transcript with words came since the last segment's decode ended
 
     async def handle_user_turn_started(self) -> None:
         await super().handle_user_turn_started()
@@ -88,6 +90,11 @@ class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
             await self._withdraw()  # the caller goes on: what was started answers half a turn
         elif isinstance(frame, TranscriptionFrame) and frame.text.strip():
             self._turn_text = f"{self._turn_text} {frame.text.strip()}".strip()
+            self._segment_words = True
+        elif isinstance(frame, SegmentTranscribedFrame):
+            heard, self._segment_words = self._segment_words, False
+            if not heard and not frame.queued and self._turn_open and not self._vad_user_speaking:
+                await self._segment_without_words()
         result = await super().process_frame(frame)  # may end the turn (then handle_user_turn_stopped ran)
         if (
             self.speculate
@@ -101,6 +108,14 @@ class SpeculativeTurnStop(TurnAnalyzerUserTurnStopStrategy):
             self.counts.started += 1
             await self.trigger_user_turn_inference_triggered(speculation=self._speculation)
         return result
+
+    async def _segment_without_words(self) -> None:
+        """The caller is silent and the last segment's decode brought no words (a cough, a word Whisper
+        dropped, an echo transcript dropped on the way). A turn with no words at all is over: nothing
+        more is coming, and waiting for the aggregator's stop timeout is only dead air. A turn with
+        words is the turn analyzer's to end, as it ends any."""
+        if not self._turn_text:
+            await self.trigger_user_turn_stopped()
 
     async def trigger_user_turn_stopped(self, *, enable_user_speaking_frames: bool | None = None) -> None:
         speculation, self._speculation = self._speculation, None
@@ -131,8 +146,8 @@ class JudgedTurnStop(SpeculativeTurnStop):
     probability), and when the segment's transcript arrives the caller's words so far are read by
     the text model (``pipelines.text_turn``); the judge turns the transcript's cue, the two
     probabilities and the silence into one wait, counted from the VAD stop. The caller speaking
-    again cancels it (and withdraws the speculation). A turn never ends before its transcript;
-    one whose last segment brings none is closed by the user aggregator's stop timeout.
+    again cancels it (and withdraws the speculation). A turn never ends before its transcript; when
+    its last segment brings none, the words so far are judged from that segment's stop.
     """
 
     def __init__(self, *, judge: Any = None, words: Any = None, **kwargs) -> None:
@@ -174,6 +189,16 @@ class JudgedTurnStop(SpeculativeTurnStop):
         # the turn on the first part) starts a turn the stop strategy saw no VAD stop in: it counts
         # from that stop all the same, or it would wait for the aggregator's stop timeout, seconds
         # of dead air
+        await self._judge_from_the_last_stop()
+
+    async def _segment_without_words(self) -> None:
+        # the words before a cough are judged from the cough's stop (smart-turn's verdict then includes it)
+        if self._turn_text:
+            await self._judge_from_the_last_stop()
+        else:
+            await super()._segment_without_words()
+
+    async def _judge_from_the_last_stop(self) -> None:
         stopped_at = self._stopped_at if self._stopped_at is not None else self._last_stop
         if self._vad_user_speaking or stopped_at is None or not self._turn_text:
             return  # mid-speech, or a transcript with no VAD stop to count from

@@ -58,7 +58,9 @@ class Bounds:
     not on the machine's noise: a bound at the median fails every other run."""
 
     barge_in_silent_ms: float = 1000.0  # caller's speech onset -> agent silent, at the page
-    barge_in_yield_ms: float = 600.0  # onset -> agent 20 dB quieter
+    # onset -> agent 20 dB quieter; medians 280-430 ms on CI's CPU, and a fresh clone's make test
+    # once read 840 ms at 600 (about 2x the median: the page's side varies the most)
+    barge_in_yield_ms: float = 900.0
     answer_ms: float = 3500.0  # end of the question -> first audio of the answer, at the page
     greeting_s: float = 20.0  # Connect -> greeting heard (the first session loads Whisper)
     answer_words: int = 2  # Whisper must hear at least this many words in the answer

@@ -6,6 +6,10 @@ judge ends the turn on the first transcript, and the second segment's transcript
 arrives after that turn ended. Its VAD stop came before the boundary, so the new turn has no stop
 of its own to count from; before the fix it waited for the aggregator's stop timeout (4 s of dead
 air at the page, seen in the browser scenario's frame log).
+
+And a segment that brings no words (a cough, a word Whisper drops): the STT says when its decode is
+over (``SegmentTranscribedFrame``), and the strategy ends the turn then, or judges the words before
+it, instead of leaving it to the aggregator's stop timeout.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ from pipecat.frames.frames import TranscriptionFrame, VADUserStartedSpeakingFram
 from pipecat.processors.frame_processor import FrameProcessorSetup
 from pipecat.utils.asyncio.task_manager import TaskManager
 
-from pipelines.pipecat_turns import JudgedTurnStop
+from pipelines.pipecat_stt import SegmentTranscribedFrame
+from pipelines.pipecat_turns import JudgedTurnStop, SpeculativeTurnStop
 
 
 @pytest.fixture
-async def stop():
+async def stop(request):
     from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
 
-    strategy = JudgedTurnStop(turn_analyzer=LocalSmartTurnAnalyzerV3(), words=None, speculate=False)
+    kind = getattr(request, "param", JudgedTurnStop)  # the demo's smart-turn path: SpeculativeTurnStop
+    strategy = kind(
+        turn_analyzer=LocalSmartTurnAnalyzerV3(), speculate=False, **({"words": None} if kind is JudgedTurnStop else {})
+    )
     setup = FrameProcessorSetup(
         clock=SystemClock(), task_manager=TaskManager(), pipeline_worker=None, audio_in_sample_rate=16000
     )
@@ -88,3 +96,40 @@ async def test_a_transcript_while_the_caller_speaks_again_waits_for_the_next_sto
     await stop.process_frame(VADUserStoppedSpeakingFrame())
     await stop.process_frame(TranscriptionFrame("for last month?", "caller", "now"))
     assert await _ended(stop, 2, 3.0), stop.decisions
+
+
+@pytest.mark.parametrize("stop", [JudgedTurnStop, SpeculativeTurnStop], indirect=True)
+async def test_a_turn_without_words_ends_when_its_last_decode_is_over(stop) -> None:
+    await _speech(stop, 0.3)  # a cough
+    await _speech(stop, 0.3)  # and another
+    await stop.process_frame(SegmentTranscribedFrame(queued=1))  # the first decoded to nothing; one to go
+    assert not await _ended(stop, 1, 0.5)
+    decoded = time.monotonic()
+    await stop.process_frame(SegmentTranscribedFrame(queued=0))
+    assert await _ended(stop, 1, 1.0) and stop.ended[0] - decoded < 0.3
+
+
+@pytest.mark.parametrize("stop", [JudgedTurnStop, SpeculativeTurnStop], indirect=True)
+async def test_a_segment_with_words_is_the_transcripts_to_end(stop) -> None:
+    await _speech(stop, 0.3)
+    await stop.process_frame(VADUserStartedSpeakingFrame())  # still speaking when the decode ends
+    await stop.process_frame(SegmentTranscribedFrame(queued=0))
+    assert not await _ended(stop, 1, 0.3)
+    await stop.process_frame(VADUserStoppedSpeakingFrame())
+    await stop.process_frame(TranscriptionFrame("Hm, let me think", "caller", "now"))
+    await stop.process_frame(SegmentTranscribedFrame(queued=0))  # its words came: not a wordless turn
+    assert not await _ended(stop, 1, 0.3), stop.ended  # the judge waits on unfinished words
+
+
+async def test_words_then_a_cough_are_judged_from_the_coughs_stop(stop) -> None:
+    await _speech(stop, 0.3)
+    await stop.process_frame(TranscriptionFrame("Could you send me the invoice for last month?", "caller", "now"))
+    await stop.process_frame(SegmentTranscribedFrame(queued=0))
+    await _speech(stop, 0.2)  # a cough before the judge's wait ran out: the caller went on
+    coughed = time.monotonic()
+    await asyncio.sleep(0.3)  # its decode
+    await stop.process_frame(SegmentTranscribedFrame(queued=0))  # no words
+    # decided on the words so far, from the cough's stop, not left open for the stop timeout
+    assert await _ended(stop, 1, 3.0), stop.decisions
+    assert stop.ended[0] - coughed < 2.0 and len(stop.ended) == 1, stop.decisions
+    assert stop.decisions[-1]["text"] == "Could you send me the invoice for last month?"

@@ -8,6 +8,8 @@ endpoint. Solo (make test runs them alone): what is asserted is when the turn en
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pipelines.turn_judge import words
@@ -94,6 +96,29 @@ async def test_a_transcript_that_takes_whispers_second_decode_still_makes_the_tu
     assert users[-1][-1] == final and len(words(final)) >= 3, (users, agent.turns.decisions)
     (turn,) = agent.figures.turns
     assert turn["stt_final"] <= turn["end_of_turn"], turn  # the turn waited for its transcript
+
+
+async def test_a_decode_slower_than_any_timeout_guess_still_makes_the_turn(engine, monkeypatch) -> None:
+    # The case above on a loaded machine, made certain: every decode takes 5 s longer (CI's two cores
+    # once took over 4 s for the second decode, and the aggregator's stop timeout, then 4 s, closed
+    # the turn empty: the LLM was asked to have the caller repeat, then answered the words). The turn
+    # ends on its words once they are in, whatever the decode takes.
+    import pipelines.pipecat_stt as stt_module
+
+    real = stt_module.transcribe
+
+    def slow(*args, **kwargs):
+        time.sleep(5.0)  # in the decode's worker thread, as a slow decode is
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stt_module, "transcribe", slow)
+    requests, _, _, agent = await _call(engine, _caller(QUESTION), ["Nothing extra."], end_of_turn="judge")
+    users = [_users(r) for r in requests]
+    (turn,) = agent.figures.turns
+    print(f"\nslowed decode: LLM saw {users}, {turn}")
+    assert len(requests) == 1 and heard_the_question(users[0][-1]), users
+    assert turn["stt_final"] is not None and turn["stt_final"] <= turn["end_of_turn"], turn
+    assert turn["end_of_turn"] - turn["vad_stop"] > 5000, turn  # the decode's 5 s were waited for
 
 
 async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch) -> None:

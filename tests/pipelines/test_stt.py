@@ -135,13 +135,31 @@ async def test_the_pipecat_service_yields_one_final_transcript(clips):
     from pipecat.frames.frames import TranscriptionFrame
     from pipecat.services.whisper.stt import WhisperSTTService
 
-    from pipelines.pipecat_stt import LocalWhisperSTTService
+    from pipelines.pipecat_stt import LocalWhisperSTTService, SegmentTranscribedFrame
 
     stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()))
     pcm = (np.clip(clips[0], -1, 1) * 32767).astype(np.int16).tobytes()
     frames = [f async for f in stt.run_stt(pcm)]
     texts = [f.text for f in frames if isinstance(f, TranscriptionFrame)]
     assert len(texts) == 1 and wer(QUESTIONS[0], texts[0]) <= 0.15, texts
+    # ... and then says the decode is over (the stop strategy ends a wordless turn on it)
+    assert isinstance(frames[-1], SegmentTranscribedFrame) and frames[-1].queued == 0, frames
+
+
+async def test_a_failed_decode_still_says_it_is_over(monkeypatch):
+    from pipecat.frames.frames import ErrorFrame
+    from pipecat.services.whisper.stt import WhisperSTTService
+
+    import pipelines.pipecat_stt as stt_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(stt_module, "transcribe", broken)
+    stt = stt_module.LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()))
+    frames = [f async for f in stt.run_stt(bytes(3200))]
+    assert [type(f) for f in frames] == [ErrorFrame, stt_module.SegmentTranscribedFrame], frames
+    assert not frames[0].fatal and "out of memory" in frames[0].error
 
 
 def test_a_multilingual_model_without_a_known_language_keeps_the_no_speech_threshold():
