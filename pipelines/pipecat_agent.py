@@ -103,6 +103,10 @@ class AgentConfig:
     # STREAMVOX_END_OF_TURN: "judge" (default: pipelines.turn_judge on the transcript's cue and the
     # caller's words as SmolLM2 reads them, pipelines.text_turn) or "smart-turn" (its verdict, 1 s timeout)
     end_of_turn: str = "judge"
+    # STREAMVOX_PHONE_STT: the short window's no-speech rule on phone calls (pipelines.stt.short_window_verdict):
+    # "phone" (the default: the telephone line's, fewer segments sent to the slow full window) or
+    # "wideband" (the page's rule, the default before 12-04: docs/BENCHMARKS.md, "Phone path")
+    phone_stt: str = "phone"
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
     frame_log: str | None = None  # STREAMVOX_FRAME_LOG: each call appends its frame timeline here (pipecat_frame_log)
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
@@ -126,6 +130,7 @@ class AgentConfig:
             speculate=speculate_mode(env) != "off",
             speculate_audio=speculate_mode(env) == "on",
             end_of_turn=end_of_turn_mode(env),
+            phone_stt=phone_stt_rule(env),
             frame_log=env.get("STREAMVOX_FRAME_LOG") or None,
         )
 
@@ -146,6 +151,16 @@ def end_of_turn_mode(env) -> str:
     raw = env.get("STREAMVOX_END_OF_TURN", "").strip().lower() or "judge"
     if raw not in END_OF_TURN_MODES:
         raise ValueError(f"STREAMVOX_END_OF_TURN must be judge or smart-turn, got {env.get('STREAMVOX_END_OF_TURN')!r}")
+    return raw
+
+
+def phone_stt_rule(env) -> str:
+    """STREAMVOX_PHONE_STT (default phone); ValueError with a one-line reason for anything else."""
+    from pipelines.stt import LINES
+
+    raw = env.get("STREAMVOX_PHONE_STT", "").strip().lower() or AgentConfig.phone_stt
+    if raw not in LINES:
+        raise ValueError(f"STREAMVOX_PHONE_STT must be {' or '.join(LINES)}, got {env.get('STREAMVOX_PHONE_STT')!r}")
     return raw
 
 
@@ -252,9 +267,11 @@ def turn_strategies(
 def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
     stt, llm, tts = services or make_services(config)
-    # Not yet on phone calls: LocalWhisperSTTService(line="phone") keeps more of a caller's unsure
-    # words (docs/BENCHMARKS.md, "Phone path"), but a speakerphone's echo residue is speech-like too,
-    # and the echo test once answered such a residue after it was on; it waits for that measurement.
+    # On the phone line the short window's own rule: a caller's unsure segment no longer waits seconds
+    # for the full window's decode (which often returned nothing); measured against the speakerphone's
+    # echo residue before it became the default (docs/BENCHMARKS.md, "Phone path")
+    if phone and isinstance(stt, LocalWhisperSTTService):
+        stt.line = config.phone_stt
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     strategies = turn_strategies(speculate=config.speculate, end_of_turn=config.end_of_turn, words=turn_words(config))
     user_params = LLMUserAggregatorParams(

@@ -37,7 +37,7 @@ async def _speakerphone_call(engine, echo_db: float, utterance: str, echo_cancel
     ``echo_db``, through a small room) calling the demo with the long ``GREETING``. Yields (the
     caller, ``utterance`` as the line carries it, the agents, the LLM's requests) while the caller's
     send and receive tasks run."""
-    from pipelines.pipecat_agent import AgentConfig
+    from pipelines.pipecat_agent import AgentConfig, phone_stt_rule
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
@@ -48,6 +48,7 @@ async def _speakerphone_call(engine, echo_db: float, utterance: str, echo_cancel
             llm_model="fake",
             greeting=GREETING,
             echo_cancel=echo_cancel,
+            phone_stt=phone_stt_rule(os.environ),  # STREAMVOX_PHONE_STT: measured both ways (BENCHMARKS, "Echo")
         )
         async with room_server(config) as (base, agents):
             async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:

@@ -195,3 +195,43 @@ def test_on_the_phone_line_the_no_speech_probability_decides():
     assert short_window_verdict(0.39, -3.0, 0.4, line="phone") == "speech"  # under the threshold, as before
     with pytest.raises(ValueError, match="line 'radio'"):
         short_window_verdict(0.5, -1.0, 0.4, line="radio")
+
+
+async def test_the_phone_rule_is_not_used_under_the_bot(monkeypatch):
+    # On a phone call the short window's lenient rule takes a caller's unsure words at once; under the
+    # bot (and its echo's tail) a speakerphone's residue is speech-like, so the wideband rule stands there
+    import time
+
+    from pipecat.frames.frames import BotStartedSpeakingFrame, BotStoppedSpeakingFrame
+    from pipecat.processors.frame_processor import FrameDirection
+    from pipecat.services.whisper.stt import WhisperSTTService
+
+    import pipelines.pipecat_stt as stt_module
+
+    stt = stt_module.LocalWhisperSTTService(
+        settings=WhisperSTTService.Settings(model=default_model_path()), line="phone"
+    )
+    second = bytes(2 * 16000)  # a segment of 1 s at 16 kHz
+    now = time.monotonic()
+    assert stt.segment_line() == "phone"  # no bot audio ever: the line's rule
+    await stt.process_frame(BotStartedSpeakingFrame(), FrameDirection.UPSTREAM)
+    assert stt.bot_in(now, now + 10) and stt.segment_line() == "wideband"  # the bot is speaking
+    await stt.process_frame(BotStoppedSpeakingFrame(), FrameDirection.UPSTREAM)
+    assert stt.segment_line() == "wideband"  # it spoke during the segment
+    later = time.monotonic() + stt_module.ECHO_TAIL_S + 0.01
+    assert not stt.bot_in(later, later + 1.0)  # a segment after the echo's tail: the line's rule again
+    seen = []
+
+    def heard(*args, line, **kwargs):
+        seen.append(line)
+        return "Yes."
+
+    monkeypatch.setattr(stt_module, "transcribe", heard)
+    [f async for f in stt.run_stt(second)]  # the segment ended just now, within the echo's tail
+    quiet = stt_module.LocalWhisperSTTService(
+        settings=WhisperSTTService.Settings(model=default_model_path()), line="phone"
+    )
+    [f async for f in quiet.run_stt(second)]
+    quiet.line = "wideband"
+    [f async for f in quiet.run_stt(second)]
+    assert seen == ["wideband", "phone", "wideband"]  # the page's rule is never relaxed
