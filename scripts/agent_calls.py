@@ -154,6 +154,11 @@ class Demo:
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", STREAMVOX_MAX_CALLS=str(max_calls))
         self.env.setdefault("HF_HUB_OFFLINE", "1")
         self.log = tempfile.NamedTemporaryFile("w+b", prefix="agent_calls-", suffix=".log")
+        # the agent's frame log (the user's STREAMVOX_FRAME_LOG if set): the replies' words come from it
+        if not self.env.get("STREAMVOX_FRAME_LOG"):
+            self._frames = tempfile.NamedTemporaryFile("w+b", prefix="agent_calls-", suffix=".jsonl")
+            self.env["STREAMVOX_FRAME_LOG"] = self._frames.name
+        self.frame_log = Path(self.env["STREAMVOX_FRAME_LOG"])
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Demo:
@@ -199,10 +204,36 @@ class Demo:
         self.proc.wait(timeout=5)
         self.proc = None
         self.log.close()
+        if hasattr(self, "_frames"):
+            self._frames.close()
 
 
 _TURN_LINE = re.compile(r"turn \d+: ms after the caller's speech end[^:]*: ([^;\n]*)")
 _STAGE = re.compile(r"([a-zA-Z ]+?) ([+-]\d+)")
+
+
+def llm_replies(frame_log: Path) -> list[dict]:
+    """Each LLM response the agent's frame log holds, in order: its call, pipeline time and words.
+
+    Why: a long call's figures depend on what the agent said (a reply of 2 s or of 40 s); the caller
+    hears only audio. A speculative response that was withdrawn (never heard) can be in it too."""
+    out: list[dict] = []
+    if not frame_log.exists():
+        return out
+    open_: dict[str, dict] = {}
+    for raw in frame_log.read_text(errors="replace").splitlines():
+        try:
+            ev = json.loads(raw)
+        except ValueError:
+            continue
+        call, frame = ev.get("call", ""), ev.get("frame")
+        if frame == "LLMFullResponseStartFrame":
+            open_[call] = {"call": call, "t": ev.get("t"), "text": ""}
+        elif frame == "LLMTextFrame" and call in open_:
+            open_[call]["text"] += ev.get("text", "")
+        elif frame == "LLMFullResponseEndFrame" and call in open_:
+            out.append(open_.pop(call))
+    return out
 
 
 def stage_medians(log: str) -> dict[str, float | None]:
@@ -570,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             doc["turns"] = asyncio.run(run_long_call(demo, args.turns))
             doc["summary"] = long_summary(doc["turns"])
+            doc["replies"] = llm_replies(demo.frame_log)
+            words = [len(r["text"].split()) for r in doc["replies"]]
+            print(f"agent_calls: {len(words)} LLM responses, words each: {words}", file=sys.stderr)
         doc["seconds"] = round(time.monotonic() - t0, 1)
     except DemoError as exc:
         print(f"agent_calls: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ and the log parsing are checked alone.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -45,6 +46,30 @@ def test_the_agents_stage_lines_are_read_from_its_log() -> None:
     )
     stages = agent_calls.stage_medians(log)
     assert stages == {"VAD stop": 293.0, "STT final": 750.0, "end of turn": 741.0, "LLM first token": 988.0}
+
+
+def test_the_replies_words_are_read_from_the_frame_log(tmp_path) -> None:
+    """Two calls' responses interleaved, as the agent's frame log writes them (a torn last line too)."""
+    log = tmp_path / "frames.jsonl"
+    events = [
+        ("a", "LLMFullResponseStartFrame", None),
+        ("a", "LLMTextFrame", "Sure,"),
+        ("b", "LLMFullResponseStartFrame", None),
+        ("a", "LLMTextFrame", " knead it."),
+        ("b", "LLMTextFrame", "Paris."),
+        ("b", "LLMFullResponseEndFrame", None),
+        ("a", "TTSFirstAudio", None),
+        ("a", "LLMFullResponseEndFrame", None),
+        ("a", "LLMFullResponseStartFrame", None),  # never ended (the call was cut): not a reply
+    ]
+    lines = [
+        json.dumps({"call": c, "t": i / 10, "frame": f, **({"text": x} if x else {})})
+        for i, (c, f, x) in enumerate(events)
+    ]
+    log.write_text("\n".join(lines) + '\n{"call": "a", "fra')
+    replies = agent_calls.llm_replies(log)
+    assert [(r["call"], r["text"]) for r in replies] == [("b", "Paris."), ("a", "Sure, knead it.")]
+    assert agent_calls.llm_replies(tmp_path / "none.jsonl") == []
 
 
 def test_memory_is_charged_to_the_part_that_holds_it() -> None:
