@@ -155,6 +155,7 @@ class Demo:
         self.env.setdefault("HF_HUB_OFFLINE", "1")
         self.log = tempfile.NamedTemporaryFile("w+b", prefix="agent_calls-", suffix=".log")
         # the agent's frame log (the user's STREAMVOX_FRAME_LOG if set): the replies' words come from it
+        self._frames = None
         if not self.env.get("STREAMVOX_FRAME_LOG"):
             self._frames = tempfile.NamedTemporaryFile("w+b", prefix="agent_calls-", suffix=".jsonl")
             self.env["STREAMVOX_FRAME_LOG"] = self._frames.name
@@ -204,7 +205,7 @@ class Demo:
         self.proc.wait(timeout=5)
         self.proc = None
         self.log.close()
-        if hasattr(self, "_frames"):
+        if self._frames is not None:
             self._frames.close()
 
 
