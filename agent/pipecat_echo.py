@@ -74,6 +74,10 @@ class PipecatEcho:
         self._play_end = start + seconds
         self.canceller.far(_mono(frame.audio, frame.num_channels), frame.sample_rate, t=start)
 
+    def located(self) -> bool:
+        """Whether the canceller has found the bot's echo in the caller's audio on this call."""
+        return self.canceller.delay.delay is not None
+
     def interrupted(self) -> None:
         now = self._clock()
         self.canceller.truncate_far(t=now)

@@ -25,6 +25,19 @@ the server sent: streamvox paces ~400 ms ahead of real time, and the transport's
   later than that after ours, so the bot came back for a moment before the interruption; the
   runs: docs/BENCHMARKS.md, "Barge-in", in the record "Transport: audio downstream of a flush".)
 
+**Words confirm** (``words_confirm``, a predicate asked at each pause; the demo's phone path asks
+"has this call's echo canceller located the bot's echo?"): on a speakerphone, what is left of the
+bot's echo can pass a VAD as speech, and Pipecat's VAD start then interrupts the bot for it, and
+the empty turn that follows had the LLM ask a silent caller to repeat (docs/BENCHMARKS.md, "Echo").
+Such a pause is confirmed by the caller's words instead: :meth:`YieldGate.start_strategy` replaces
+Pipecat's ``VADUserTurnStartStrategy`` and lets a VAD start through only when the gate is not
+waiting for words (Pipecat's ``TranscriptionUserTurnStartStrategy`` then starts the turn on the
+transcript, whose interruption confirms the pause as usual), and :meth:`YieldGate.decodes`, a tap
+after the STT, tells the gate when the segment's decode is over: with no words (the echo check
+dropped them, or there were none) the gate resumes. The bot is silent at the ear from the onset
+either way; what waits for the words is only the flush. The LiveKit worker does the same with
+LiveKit's own false-interruption resume (``pipelines.livekit_agent``).
+
 Figures: :attr:`YieldGate.yields` (one :class:`GateYield` per pause: onset, quiet, outcome)
 and :attr:`YieldGate.downstream_ms` (audio handed on but not yet due, sampled at each pause:
 what still plays after it).
@@ -35,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,10 +63,13 @@ from pipecat.frames.frames import (
     OutputAudioRawFrame,
     StartFrame,
     SystemFrame,
+    TranscriptionFrame,
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.turns.types import ProcessFrameResult
+from pipecat.turns.user_start import VADUserTurnStartStrategy
 
 from .runtime.vad import SileroVAD, VADParams
 
@@ -72,6 +89,8 @@ class GateYield:
     outcome: Outcome | None = None
     ended_at: float | None = None
     dropped_ms: float = 0.0  # held audio dropped by the interruption
+    by_words: bool = False  # confirmed by the caller's words, not by a VAD start (``words_confirm``)
+    segment: bool = False  # Pipecat's VAD started a segment in this pause: its decode is awaited
 
     @property
     def yield_ms(self) -> float:
@@ -83,6 +102,10 @@ class YieldGate(FrameProcessor):
 
     ``vad``: our Silero VAD on the caller audio passing by (``True``: one at the input rate,
     16 or 8 kHz); ``False`` to yield only on Pipecat's ``VADUserStartedSpeakingFrame``.
+    ``words_confirm``: asked at each pause; when true the pause waits for the caller's words (the
+    module docstring; use :meth:`start_strategy` and :meth:`decodes` with it), at most
+    ``words_max_ms`` from the caller's speech start and ``decode_max_ms`` after the decode that
+    brought words.
     """
 
     def __init__(
@@ -92,6 +115,9 @@ class YieldGate(FrameProcessor):
         resume_after_ms: float = 500.0,
         hold_max_ms: float = 2000.0,
         vad: SileroVAD | bool = True,
+        words_confirm: Callable[[], bool] | None = None,
+        words_max_ms: float = 15000.0,
+        decode_max_ms: float = 1500.0,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -102,6 +128,10 @@ class YieldGate(FrameProcessor):
         self.lead_s = lead_ms / 1000.0
         self.resume_after_s = resume_after_ms / 1000.0
         self.hold_max_s = max(hold_max_ms, resume_after_ms) / 1000.0
+        self.words_confirm = words_confirm
+        self.words_max_s = words_max_ms / 1000.0
+        self.decode_max_s = decode_max_ms / 1000.0
+        self._pipecat_speaking = False  # between Pipecat's VAD start and stop frames
         self._vad: SileroVAD | None = vad if isinstance(vad, SileroVAD) else None
         self._want_vad = vad is not False
         if self._vad is not None:
@@ -127,6 +157,20 @@ class YieldGate(FrameProcessor):
     def held_ms(self) -> float:
         return 1000.0 * sum(_duration(f) for f in self._held if isinstance(f, OutputAudioRawFrame))
 
+    @property
+    def awaiting_words(self) -> bool:
+        """Paused, and this pause is confirmed by the caller's words (not by a VAD start)."""
+        return self._pause is not None and self._pause.by_words
+
+    def start_strategy(self) -> VADUserTurnStartStrategy:
+        """Pipecat's VAD start, except while this gate waits for the caller's words."""
+        return _VADStartUnlessAwaitingWords(self)
+
+    def decodes(self, segment_done: type[Frame]) -> FrameProcessor:
+        """A tap for just after the STT (after any check that drops transcripts): ``segment_done`` is
+        the STT's frame for "this segment's decode is over" (with ``queued``: decodes still to come)."""
+        return _DecodeTap(self, segment_done)
+
     def _bot_speaking(self, now: float) -> bool:
         return now < self._released_until or any(isinstance(f, OutputAudioRawFrame) for f in self._held)
 
@@ -145,14 +189,20 @@ class YieldGate(FrameProcessor):
             self._run_vad(frame)
         elif isinstance(frame, VADUserStartedSpeakingFrame):
             await self.push_frame(frame, direction)
+            self._pipecat_speaking = True
             if self._pause is not None:
+                self._pause.segment = True  # Pipecat's STT decodes the segment this frame opens
                 self._hold()  # Pipecat's VAD agrees: its turn strategies decide now
             else:
                 self._yield(time.monotonic() - float(getattr(frame, "start_secs", 0.0) or 0.0), "pipecat_vad")
+                if self._pause is not None and self._pause.by_words:
+                    self._pause.segment = True
+                    self._hold()
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
             await self.push_frame(frame, direction)
+            self._pipecat_speaking = False
             if self._vad is None or not self._vad.speaking:
-                self._resume()
+                self._speech_over()
         elif isinstance(frame, InterruptionFrame):
             self._interrupted()
             await self.push_frame(frame, direction)
@@ -225,7 +275,7 @@ class YieldGate(FrameProcessor):
             elif ev.kind == "speech_start":
                 self._hold()  # real speech: wait for Pipecat's interruption, not the short window
             else:  # onset_dropped (a cough), speech_end (speech Pipecat did not take as a turn)
-                self._resume()
+                self._speech_over()
 
     def _yield(self, onset_at: float, trigger: Literal["vad", "pipecat_vad"]) -> None:
         now = time.monotonic()
@@ -236,21 +286,46 @@ class YieldGate(FrameProcessor):
             return
         downstream = max(0.0, self._released_until - now)
         self.downstream_ms.append(1000.0 * downstream)
-        self._pause = GateYield(onset_at=min(onset_at, now), paused_at=now, quiet_at=now + downstream, trigger=trigger)
+        by_words = bool(self.words_confirm is not None and self.words_confirm())
+        self._pause = GateYield(
+            onset_at=min(onset_at, now), paused_at=now, quiet_at=now + downstream, trigger=trigger, by_words=by_words
+        )
         self.yields.append(self._pause)
         logger.debug(
-            f"{self}: yield ({trigger}), {1000 * downstream:.0f} ms already downstream, {self.held_ms:.0f} ms held"
+            f"{self}: yield ({trigger}{', words confirm' if by_words else ''}), {1000 * downstream:.0f} ms "
+            f"already downstream, {self.held_ms:.0f} ms held"
         )
         self._cancel_timer()
         self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._resume)
         self._wake.set()
 
     def _hold(self) -> None:
-        """Speech confirmed by a VAD: stay paused until the interruption, up to ``hold_max_ms``."""
+        """Speech confirmed by a VAD: stay paused until the interruption, up to ``hold_max_ms`` (up to
+        ``words_max_ms`` while a pause waits for words: the caller may talk on, then the decode)."""
         if self._pause is not None:
             self._cancel_timer()
-            left = self._pause.paused_at + self.hold_max_s - time.monotonic()
+            longest = self.words_max_s if self._pause.by_words else self.hold_max_s
+            left = self._pause.paused_at + longest - time.monotonic()
             self._resume_timer = asyncio.get_running_loop().call_later(max(0.0, left), self._resume)
+
+    def _speech_over(self) -> None:
+        """The caller stopped (or the onset was dropped): resume, unless a segment's words are awaited."""
+        if self._pause is not None and self._pause.by_words and self._pause.segment:
+            return  # the segment's decode decides (segment_decoded); the words_max_ms timer backs it up
+        self._resume()
+
+    def segment_decoded(self, words: bool, queued: int = 0) -> None:
+        """A segment's decode is over (``words``: it brought words that went on to the turn). For a
+        pause that waits for words: none, and nothing more coming, resumes; words keep it until the
+        interruption their turn sends, ``decode_max_ms`` at most."""
+        pause = self._pause
+        if pause is None or not pause.by_words or not pause.segment:
+            return
+        if words:
+            self._cancel_timer()
+            self._resume_timer = asyncio.get_running_loop().call_later(self.decode_max_s, self._resume)
+        elif queued == 0 and not self._pipecat_speaking and (self._vad is None or not self._vad.speaking):
+            self._resume()
 
     def _resume(self) -> None:
         pause, self._pause = self._pause, None
@@ -291,3 +366,38 @@ def _duration(frame: OutputAudioRawFrame) -> float:
 
 def _is_data(frame: Frame) -> bool:
     return isinstance(frame, DataFrame)
+
+
+class _VADStartUnlessAwaitingWords(VADUserTurnStartStrategy):
+    """Pipecat's VAD start strategy, silent while the gate waits for the caller's words: the
+    transcript then starts the turn (``TranscriptionUserTurnStartStrategy``, next in the list)."""
+
+    def __init__(self, gate: YieldGate, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._gate = gate
+
+    async def process_frame(self, frame: Frame) -> ProcessFrameResult:
+        if isinstance(frame, VADUserStartedSpeakingFrame) and self._gate.awaiting_words:
+            logger.debug(f"{self}: a VAD start over the bot's echo; the caller's words will start the turn")
+            return ProcessFrameResult.CONTINUE
+        return await super().process_frame(frame)
+
+
+class _DecodeTap(FrameProcessor):
+    """After the STT: whether each segment's decode brought words, told to the gate at its end."""
+
+    def __init__(self, gate: YieldGate, segment_done: type[Frame]) -> None:
+        super().__init__(name="YieldGateDecodes")
+        self._gate = gate
+        self._done = segment_done
+        self._words = False
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if direction is FrameDirection.DOWNSTREAM:
+            if isinstance(frame, TranscriptionFrame) and frame.text.strip():
+                self._words = True
+            elif isinstance(frame, self._done):
+                words, self._words = self._words, False
+                self._gate.segment_decoded(words, int(getattr(frame, "queued", 0) or 0))
+        await self.push_frame(frame, direction)

@@ -61,6 +61,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
+from pipecat.turns.user_start import TranscriptionUserTurnStartStrategy
 
 from agent.pipecat import StreamvoxTTSService
 from agent.pipecat_echo import PipecatEcho
@@ -72,7 +73,7 @@ from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_frame_log import FrameLog
 from pipelines.pipecat_room import build_room_app, twilio_transport
-from pipelines.pipecat_stt import LocalWhisperSTTService
+from pipelines.pipecat_stt import LocalWhisperSTTService, SegmentTranscribedFrame
 from pipelines.room_limits import RoomLimits
 from pipelines.stt import default_model_path as default_whisper_path
 from pipelines.supervisor import Supervisor
@@ -274,30 +275,34 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
         stt.line = config.phone_stt
     context = LLMContext()  # the system prompt travels as the LLM service's system_instruction
     strategies = turn_strategies(speculate=config.speculate, end_of_turn=config.end_of_turn, words=turn_words(config))
+    # the bot's own voice back in the caller's microphone (loudspeakers, speakerphones, line echo) is
+    # removed before the VAD and the STT read it, with what the transport played as the reference
+    # (on the page, not by default: with no echo to find, a false one found under a caller who talks
+    # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
+    echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
+    # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
+    # caller's first speech window until Pipecat's interruption confirms it (or resumes). Where the
+    # canceller has located an echo, the caller's words confirm a pause, not a VAD start: what is left
+    # of the echo passed the VAD as speech and cut the bot (agent.pipecat_yield, BENCHMARKS "Echo")
+    gate = YieldGate(lead_ms=GATE_LEAD_MS, words_confirm=echo.located if echo else None)
+    if echo is not None:
+        strategies.start = [gate.start_strategy(), TranscriptionUserTurnStartStrategy()]
     user_params = LLMUserAggregatorParams(
         vad_analyzer=SileroVADAnalyzer(),
         user_turn_strategies=strategies,
         user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
     )
     pair = LLMContextAggregatorPair(context, user_params=user_params)
-    # the bot's own voice back in the caller's microphone (loudspeakers, speakerphones, line echo) is
-    # removed before the VAD and the STT read it, with what the transport played as the reference
-    # (on the page, not by default: with no echo to find, a false one found under a caller who talks
-    # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
-    echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
-    gate = YieldGate(lead_ms=GATE_LEAD_MS)
     # a speculative reply's audio is made during the wait and held after the TTS (its text is not held)
     hold = SpeculativeAudioHold() if config.speculate and config.speculate_audio else None
     if hold is not None:
         hold_audio_not_text(llm)
-    # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
-    # caller's first speech window until Pipecat's interruption confirms it (or resumes)
     pipeline = Pipeline(
         [
             transport.input(),
             *([echo.cleaner()] if echo else []),
             stt,
-            *([echo.transcripts()] if echo else []),
+            *([echo.transcripts(), gate.decodes(SegmentTranscribedFrame)] if echo else []),
             pair.user(),
             llm,
             tts,

@@ -734,7 +734,9 @@ def echo_transcript(transcript: str, played: str, *, min_words: int = 2, share: 
 
     True when it has at least ``min_words`` words and at least ``share`` of them appear, in order,
     in ``played``: what a microphone hears of a loudspeaker comes back as the bot's own words with
-    a few misheard. One or two words of the caller's own ("yes", "Paris") are not judged echo.
+    a few misheard. A word of three letters or more matches a played word it begins: a segment cut
+    mid-word comes back so ("The capital of..." echoed as "the cap.", answered as a caller's turn in
+    a speakerphone test). One or two words of the caller's own ("yes", "Paris") are not judged echo.
     """
     said, heard = _words(transcript), _words(played)
     if len(said) < min_words or not heard:
@@ -742,7 +744,7 @@ def echo_transcript(transcript: str, played: str, *, min_words: int = 2, share: 
     j = matched = 0
     for w in said:  # greedy in-order match: each heard word is used once
         k = j
-        while k < len(heard) and heard[k] != w:
+        while k < len(heard) and heard[k] != w and not (len(w) >= 3 and heard[k].startswith(w)):
             k += 1
         if k < len(heard):
             matched += 1

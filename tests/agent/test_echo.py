@@ -155,6 +155,9 @@ def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voice) -> None:
         ("Paris.", "Would you like to go to Paris?", False),  # one word of the caller's own
         ("No, I want the bus to Paris", "Would you like to go to Paris by train?", False),
         ("Hello and welcome.", "", False),
+        ("the cap.", "The capital of France is Paris.", True),  # the segment cut mid-word
+        ("the car.", "The capital of France is Paris.", False),
+        ("a ca", "Take a cab to the station.", False),  # a fragment under three letters matches nothing
     ],
 )
 def test_echo_transcript(transcript: str, played: str, echo: bool) -> None:

@@ -10,6 +10,7 @@ is the harness's ``RealtimePlayer`` (plays on the wall clock, drops its queue on
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import pytest
 pytest.importorskip("pipecat")
 
 from pipecat.audio.vad.silero import SileroVADAnalyzer
-from pipecat.frames.frames import InputAudioRawFrame, InterruptionFrame, TTSAudioRawFrame
+from pipecat.frames.frames import DataFrame, InputAudioRawFrame, InterruptionFrame, TranscriptionFrame, TTSAudioRawFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import (
@@ -25,6 +26,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
     LLMUserAggregatorParams,
 )
 from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.turns.user_start import TranscriptionUserTurnStartStrategy
 from pipecat.turns.user_stop import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
@@ -222,3 +224,81 @@ async def word_starts(url: str, text: str) -> list[float]:
         await ctx.send_text(text)
         await ctx.end()
         return [w.start for item in [i async for i in ctx] if isinstance(item, WordTimings) for w in item.words]
+
+
+@dataclass
+class SegmentDone(DataFrame):
+    """What the demo's STT sends when a segment's decode is over (``pipelines.pipecat_stt``)."""
+
+    queued: int = 0
+
+
+def _words_confirm_pipeline(gate: YieldGate, player) -> Pipeline:
+    """decode tap -> user aggregator (Pipecat's VAD; the gate's start strategy, then the transcript's)
+    -> gate -> device: the demo's phone path where the canceller has located an echo."""
+    user = LLMContextAggregatorPair(
+        LLMContext(),
+        user_params=LLMUserAggregatorParams(
+            vad_analyzer=SileroVADAnalyzer(),
+            user_turn_strategies=UserTurnStrategies(
+                start=[gate.start_strategy(), TranscriptionUserTurnStartStrategy()],
+                stop=[SpeechTimeoutUserTurnStopStrategy()],
+            ),
+        ),
+    ).user()
+    return Pipeline([gate.decodes(SegmentDone), user, gate, player])
+
+
+def _said(text: str) -> TranscriptionFrame:
+    return TranscriptionFrame(text=text, user_id="caller", timestamp="")
+
+
+@pytest.mark.parametrize("transcript", ["", "Wait, stop please."])
+async def test_words_confirm_a_pause_over_the_echo(bot_audio, speech, transcript):
+    """A VAD start while the gate waits for words (echo residue can pass a VAD) interrupts nothing:
+    a decode with no words resumes the bot from where it paused (nothing lost), one with words
+    starts the turn, whose interruption drops the held audio."""
+    gate = YieldGate(lead_ms=80, words_confirm=lambda: True)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    frames = bot_frames(bot_audio)
+    sent_s = sum(len(f.audio) for f in frames) / 2 / SR
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
+    caller = caller_frames(np.concatenate((silence(0.5), talk, silence(0.9))))
+    decoded = [*([_said(transcript)] if transcript else []), SegmentDone(), SleepFrame(sleep=0.3)]
+    down, _ = await run_test(
+        _words_confirm_pipeline(gate, player),
+        frames_to_send=[*frames, *caller, *decoded, SleepFrame(sleep=sent_s if not transcript else 0.5)],
+    )
+
+    interruptions = [f for f in down if isinstance(f, InterruptionFrame)]
+    (y,) = gate.yields
+    paused_s = y.ended_at - y.paused_at
+    print(
+        f"\n[words confirm {transcript!r}] {y.outcome} after {1000 * paused_s:.0f} ms, {len(interruptions)} interrupt"
+    )
+    assert y.by_words and y.segment
+    # the pause outlasted the caller's 1 s of speech and Pipecat's VAD stop: it waited for the decode
+    assert paused_s > 1.2
+    if transcript:
+        assert y.outcome == "interrupted" and interruptions and y.dropped_ms > 500
+        assert len(voiced(b"".join(player.audio))) / 2 / SR < sent_s - 0.5
+    else:
+        assert y.outcome == "resumed" and not interruptions  # the VAD start alone cut nothing
+        assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
+
+
+async def test_without_words_confirm_a_vad_start_interrupts(bot_audio, speech):
+    """The same pipeline where no echo was located (``words_confirm`` false): Pipecat's VAD start
+    interrupts as it always did, with no transcript at all."""
+    gate = YieldGate(lead_ms=80, words_confirm=lambda: False)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
+    caller = caller_frames(np.concatenate((silence(0.5), talk, silence(0.3))))
+    down, _ = await run_test(
+        _words_confirm_pipeline(gate, player), frames_to_send=[*bot_frames(bot_audio), *caller, SleepFrame(sleep=0.3)]
+    )
+    (y,) = gate.yields
+    assert not y.by_words and y.outcome == "interrupted"
+    assert any(isinstance(f, InterruptionFrame) for f in down)
