@@ -25,10 +25,12 @@ the server sent: streamvox paces ~400 ms ahead of real time, and the transport's
   later than that after ours, so the bot came back for a moment before the interruption; the
   runs: docs/BENCHMARKS.md, "Barge-in", in the record "Transport: audio downstream of a flush".)
 
-**Words confirm** (``words_confirm``, a predicate asked at each pause; the demo's phone path asks
-"has this call's echo canceller located the bot's echo?"): on a speakerphone, what is left of the
-bot's echo can pass a VAD as speech, and Pipecat's VAD start then interrupts the bot for it, and
-the empty turn that follows had the LLM ask a silent caller to repeat (docs/BENCHMARKS.md, "Echo").
+**Words confirm** (``words_confirm``, a predicate asked at each pause; the demo's phone path with
+``STREAMVOX_BARGE_IN_CONFIRM=words`` asks "has this call's echo canceller located the bot's echo?"):
+on a speakerphone, what is left of the bot's echo can pass a VAD as speech, and Pipecat's VAD start
+then interrupts the bot for it, and the empty turn that follows had the LLM ask a silent caller to
+repeat. Measured both ways it trades: no residue cut the bot, but a caller talking over the echo
+was heard later at the ear, so it is not the demo's default (docs/BENCHMARKS.md, "Echo").
 Such a pause is confirmed by the caller's words instead: :meth:`YieldGate.start_strategy` replaces
 Pipecat's ``VADUserTurnStartStrategy`` and lets a VAD start through only when the gate is not
 waiting for words (Pipecat's ``TranscriptionUserTurnStartStrategy`` then starts the turn on the
@@ -91,6 +93,8 @@ class GateYield:
     dropped_ms: float = 0.0  # held audio dropped by the interruption
     by_words: bool = False  # confirmed by the caller's words, not by a VAD start (``words_confirm``)
     segment: bool = False  # Pipecat's VAD started a segment in this pause: its decode is awaited
+    stopped_at: float | None = None  # Pipecat's VAD stop in this pause
+    decoded_at: float | None = None  # the last segment decode that ended in this pause
 
     @property
     def yield_ms(self) -> float:
@@ -103,9 +107,11 @@ class YieldGate(FrameProcessor):
     ``vad``: our Silero VAD on the caller audio passing by (``True``: one at the input rate,
     16 or 8 kHz); ``False`` to yield only on Pipecat's ``VADUserStartedSpeakingFrame``.
     ``words_confirm``: asked at each pause; when true the pause waits for the caller's words (the
-    module docstring; use :meth:`start_strategy` and :meth:`decodes` with it), at most
-    ``words_max_ms`` from the caller's speech start and ``decode_max_ms`` after the decode that
-    brought words.
+    module docstring; use :meth:`start_strategy` and :meth:`decodes` with it): for the decode at
+    most ``decode_wait_ms`` after Pipecat's VAD stop, and ``decode_max_ms`` for the interruption
+    after a decode that brought words. A caller Pipecat's VAD hears for ``talk_ms`` after its start
+    is a caller, words or not (:meth:`start_strategy` starts the turn): what AEC3 leaves of a
+    caller talking over the echo can decode to nothing, and the bot must not talk on over them.
     """
 
     def __init__(
@@ -116,8 +122,10 @@ class YieldGate(FrameProcessor):
         hold_max_ms: float = 2000.0,
         vad: SileroVAD | bool = True,
         words_confirm: Callable[[], bool] | None = None,
-        words_max_ms: float = 15000.0,
+        talk_ms: float = 600.0,
+        decode_wait_ms: float = 1000.0,
         decode_max_ms: float = 1500.0,
+        words_max_ms: float = 15000.0,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -129,8 +137,10 @@ class YieldGate(FrameProcessor):
         self.resume_after_s = resume_after_ms / 1000.0
         self.hold_max_s = max(hold_max_ms, resume_after_ms) / 1000.0
         self.words_confirm = words_confirm
-        self.words_max_s = words_max_ms / 1000.0
+        self.talk_s = talk_ms / 1000.0
+        self.decode_wait_s = decode_wait_ms / 1000.0
         self.decode_max_s = decode_max_ms / 1000.0
+        self.words_max_s = words_max_ms / 1000.0
         self._pipecat_speaking = False  # between Pipecat's VAD start and stop frames
         self._vad: SileroVAD | None = vad if isinstance(vad, SileroVAD) else None
         self._want_vad = vad is not False
@@ -192,6 +202,7 @@ class YieldGate(FrameProcessor):
             self._pipecat_speaking = True
             if self._pause is not None:
                 self._pause.segment = True  # Pipecat's STT decodes the segment this frame opens
+                self._pause.decoded_at = None  # ... and its decode is the one awaited
                 self._hold()  # Pipecat's VAD agrees: its turn strategies decide now
             else:
                 self._yield(time.monotonic() - float(getattr(frame, "start_secs", 0.0) or 0.0), "pipecat_vad")
@@ -201,6 +212,8 @@ class YieldGate(FrameProcessor):
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
             await self.push_frame(frame, direction)
             self._pipecat_speaking = False
+            if self._pause is not None:
+                self._pause.stopped_at = time.monotonic()
             if self._vad is None or not self._vad.speaking:
                 self._speech_over()
         elif isinstance(frame, InterruptionFrame):
@@ -310,8 +323,15 @@ class YieldGate(FrameProcessor):
 
     def _speech_over(self) -> None:
         """The caller stopped (or the onset was dropped): resume, unless a segment's words are awaited."""
-        if self._pause is not None and self._pause.by_words and self._pause.segment:
-            return  # the segment's decode decides (segment_decoded); the words_max_ms timer backs it up
+        pause = self._pause
+        if pause is not None and pause.by_words and pause.segment:
+            # the segment's decode decides (segment_decoded), within decode_wait_ms of Pipecat's VAD stop:
+            # a slow decode (Whisper's full window) must not be dead air; words it brings later still
+            # start a turn, which interrupts
+            if not self._pipecat_speaking and pause.decoded_at is None:
+                self._cancel_timer()
+                self._resume_timer = asyncio.get_running_loop().call_later(self.decode_wait_s, self._resume)
+            return
         self._resume()
 
     def segment_decoded(self, words: bool, queued: int = 0) -> None:
@@ -321,6 +341,7 @@ class YieldGate(FrameProcessor):
         pause = self._pause
         if pause is None or not pause.by_words or not pause.segment:
             return
+        pause.decoded_at = time.monotonic()
         if words:
             self._cancel_timer()
             self._resume_timer = asyncio.get_running_loop().call_later(self.decode_max_s, self._resume)
@@ -369,18 +390,40 @@ def _is_data(frame: Frame) -> bool:
 
 
 class _VADStartUnlessAwaitingWords(VADUserTurnStartStrategy):
-    """Pipecat's VAD start strategy, silent while the gate waits for the caller's words: the
-    transcript then starts the turn (``TranscriptionUserTurnStartStrategy``, next in the list)."""
+    """Pipecat's VAD start strategy, held while the gate waits for the caller's words: the transcript
+    then starts the turn (``TranscriptionUserTurnStartStrategy``, next in the list), or the VAD
+    segment going on for the gate's ``talk_ms`` does."""
 
     def __init__(self, gate: YieldGate, **kwargs) -> None:
         super().__init__(**kwargs)
         self._gate = gate
+        self._talk: asyncio.Task | None = None
 
     async def process_frame(self, frame: Frame) -> ProcessFrameResult:
         if isinstance(frame, VADUserStartedSpeakingFrame) and self._gate.awaiting_words:
-            logger.debug(f"{self}: a VAD start over the bot's echo; the caller's words will start the turn")
+            logger.debug(f"{self}: a VAD start over the bot's echo; the caller's words or more speech start the turn")
+            self._cancel_talk()
+            self._talk = asyncio.get_running_loop().create_task(self._still_talking())
             return ProcessFrameResult.CONTINUE
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            self._cancel_talk()
         return await super().process_frame(frame)
+
+    async def _still_talking(self) -> None:
+        await asyncio.sleep(self._gate.talk_s)
+        self._talk = None
+        if self._gate.awaiting_words:
+            logger.debug(f"{self}: the caller talks on over the bot's echo: a turn, words or not")
+            await self.trigger_user_turn_started()
+
+    def _cancel_talk(self) -> None:
+        if self._talk is not None:
+            self._talk.cancel()
+            self._talk = None
+
+    async def cleanup(self) -> None:
+        self._cancel_talk()
+        await super().cleanup()
 
 
 class _DecodeTap(FrameProcessor):

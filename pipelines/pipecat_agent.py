@@ -108,6 +108,11 @@ class AgentConfig:
     # "phone" (the default: the telephone line's, fewer segments sent to the slow full window) or
     # "wideband" (the page's rule, the default before 12-04: docs/BENCHMARKS.md, "Phone path")
     phone_stt: str = "phone"
+    # STREAMVOX_BARGE_IN_CONFIRM: what confirms a caller over the bot once the canceller has located an
+    # echo (agent.pipecat_yield): "vad" (the default: Pipecat's VAD start, fastest at the ear) or "words"
+    # (their words, or 0.6 s more of speech: what is left of the echo pauses the bot instead of cutting
+    # it, at the cost of a slower barge-in; docs/BENCHMARKS.md, "Echo")
+    barge_in_confirm: str = "vad"
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
     frame_log: str | None = None  # STREAMVOX_FRAME_LOG: each call appends its frame timeline here (pipecat_frame_log)
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
@@ -132,6 +137,7 @@ class AgentConfig:
             speculate_audio=speculate_mode(env) == "on",
             end_of_turn=end_of_turn_mode(env),
             phone_stt=phone_stt_rule(env),
+            barge_in_confirm=barge_in_confirm_mode(env),
             frame_log=env.get("STREAMVOX_FRAME_LOG") or None,
         )
 
@@ -162,6 +168,20 @@ def phone_stt_rule(env) -> str:
     raw = env.get("STREAMVOX_PHONE_STT", "").strip().lower() or AgentConfig.phone_stt
     if raw not in LINES:
         raise ValueError(f"STREAMVOX_PHONE_STT must be {' or '.join(LINES)}, got {env.get('STREAMVOX_PHONE_STT')!r}")
+    return raw
+
+
+BARGE_IN_CONFIRM_MODES = ("vad", "words")
+
+
+def barge_in_confirm_mode(env) -> str:
+    """STREAMVOX_BARGE_IN_CONFIRM (default vad); ValueError with a one-line reason for anything else."""
+    raw = env.get("STREAMVOX_BARGE_IN_CONFIRM", "").strip().lower() or AgentConfig.barge_in_confirm
+    if raw not in BARGE_IN_CONFIRM_MODES:
+        raise ValueError(
+            f"STREAMVOX_BARGE_IN_CONFIRM must be {' or '.join(BARGE_IN_CONFIRM_MODES)}, "
+            f"got {env.get('STREAMVOX_BARGE_IN_CONFIRM')!r}"
+        )
     return raw
 
 
@@ -281,11 +301,13 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
     echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
     # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
-    # caller's first speech window until Pipecat's interruption confirms it (or resumes). Where the
-    # canceller has located an echo, the caller's words confirm a pause, not a VAD start: what is left
-    # of the echo passed the VAD as speech and cut the bot (agent.pipecat_yield, BENCHMARKS "Echo")
-    gate = YieldGate(lead_ms=GATE_LEAD_MS, words_confirm=echo.located if echo else None)
-    if echo is not None:
+    # caller's first speech window until Pipecat's interruption confirms it (or resumes). With
+    # STREAMVOX_BARGE_IN_CONFIRM=words, where the canceller has located an echo, the caller's words (or
+    # more speech) confirm a pause, not a VAD start: what is left of the echo can pass the VAD as
+    # speech and cut the bot; not the default, a caller over the echo is then heard later (BENCHMARKS "Echo")
+    by_words = echo is not None and config.barge_in_confirm == "words"
+    gate = YieldGate(lead_ms=GATE_LEAD_MS, words_confirm=echo.located if by_words else None)
+    if by_words:
         strategies.start = [gate.start_strategy(), TranscriptionUserTurnStartStrategy()]
     user_params = LLMUserAggregatorParams(
         vad_analyzer=SileroVADAnalyzer(),
@@ -302,7 +324,8 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
             transport.input(),
             *([echo.cleaner()] if echo else []),
             stt,
-            *([echo.transcripts(), gate.decodes(SegmentTranscribedFrame)] if echo else []),
+            *([echo.transcripts()] if echo else []),
+            *([gate.decodes(SegmentTranscribedFrame)] if by_words else []),
             pair.user(),
             llm,
             tts,

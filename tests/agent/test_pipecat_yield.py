@@ -258,7 +258,8 @@ async def test_words_confirm_a_pause_over_the_echo(bot_audio, speech, transcript
     """A VAD start while the gate waits for words (echo residue can pass a VAD) interrupts nothing:
     a decode with no words resumes the bot from where it paused (nothing lost), one with words
     starts the turn, whose interruption drops the held audio."""
-    gate = YieldGate(lead_ms=80, words_confirm=lambda: True)
+    # talk_ms past the caller's 1 s: here the words alone decide (the next test: the talk rule)
+    gate = YieldGate(lead_ms=80, words_confirm=lambda: True, talk_ms=5000)
     player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
     frames = bot_frames(bot_audio)
     sent_s = sum(len(f.audio) for f in frames) / 2 / SR
@@ -286,6 +287,24 @@ async def test_words_confirm_a_pause_over_the_echo(bot_audio, speech, transcript
     else:
         assert y.outcome == "resumed" and not interruptions  # the VAD start alone cut nothing
         assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
+
+
+async def test_a_caller_who_talks_on_over_the_echo_interrupts_without_words(bot_audio, speech):
+    """What AEC3 leaves of a caller talking over the echo may decode to nothing: a VAD segment that
+    goes on ``talk_ms`` after its start starts the turn anyway, before any decode."""
+    gate = YieldGate(lead_ms=80, words_confirm=lambda: True, talk_ms=500)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.5) * SR)]
+    caller = caller_frames(np.concatenate((silence(0.5), talk, silence(0.3))))
+    down, _ = await run_test(
+        _words_confirm_pipeline(gate, player), frames_to_send=[*bot_frames(bot_audio), *caller, SleepFrame(sleep=0.3)]
+    )
+    (y,) = gate.yields
+    assert y.by_words and y.outcome == "interrupted" and y.decoded_at is None
+    # from the onset: Pipecat's VAD start (~0.2-0.3 s of speech) and talk_ms more, not the 1.5 s of speech
+    assert 0.5 < y.ended_at - y.onset_at < 1.4, y
+    assert any(isinstance(f, InterruptionFrame) for f in down)
 
 
 async def test_without_words_confirm_a_vad_start_interrupts(bot_audio, speech):
