@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,75 @@ class _Job:
     tokens: Any = None  # the engine's generator (batched: it yields DecodeSteps, see LocalLLM._serve)
     decoder: Any = None
     logits: Any = None  # its last decode step's logits, sent to it at its next step
+    text: list[str] = field(default_factory=list)  # the reply's pieces, as decoded
+
+
+def _letters(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum())
+
+
+class WrittenReplies:
+    """The last replies as the model wrote them, to give a conversation's history back in its own words.
+
+    Why: a voice agent sends back, as the assistant's message, the words the caller *heard*: Pipecat
+    joins the TTS's word frames with single spaces, so "easy to follow. \n\nIngredients:\n- 2 cups"
+    comes back as "easy to follow. Ingredients: - 2 cups", and the cache, which holds the reply's
+    tokens as generated, matches only up to the first line break: the rest of the reply and everything
+    after it was read again on the next turn (a 20-turn call: 117 of 255 tokens, 554 ms, where the
+    caller's words alone were ~20). An assistant message whose letters and digits are those of a reply
+    written here (or their beginning: a reply cut by a barge-in) is replaced by that reply as written
+    (or its beginning, up to the last letter heard): the same words, so the model reads what it
+    wrote, and the cache matches. Anything else is left as it came.
+    """
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self._replies: collections.OrderedDict[str, str] = collections.OrderedDict()  # letters -> reply
+        self._lock = threading.Lock()  # added to by the worker, read by request threads
+        self.restored = 0  # messages given back as written (figures, tests)
+
+    def add(self, reply: str) -> None:
+        key = _letters(reply)
+        if not key:
+            return
+        with self._lock:
+            self._replies[key] = reply
+            self._replies.move_to_end(key)
+            while len(self._replies) > self.keep:
+                self._replies.popitem(last=False)
+
+    def restore(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = None
+        for i, m in enumerate(messages):
+            content = m.get("content")
+            if m.get("role") != "assistant" or not isinstance(content, str):
+                continue
+            written = self._find(content)
+            if written is not None and written != content:
+                out = out if out is not None else list(messages)
+                out[i] = {**m, "content": written}
+        if out is None:
+            return messages
+        self.restored += sum(a is not b for a, b in zip(out, messages, strict=True))
+        return out
+
+    def _find(self, content: str) -> str | None:
+        key = _letters(content)
+        if not key:
+            return None
+        with self._lock:
+            whole = self._replies.get(key)
+            if whole is not None:
+                return whole
+            cut = next((r for k, r in reversed(self._replies.items()) if k.startswith(key)), None)
+        if cut is None:
+            return None
+        seen = 0
+        for end, ch in enumerate(cut, 1):  # the reply up to the heard part's last letter or digit
+            seen += ch.isalnum()
+            if seen == len(key):
+                return cut[:end]
+        return None
 
 
 class LocalLLM:
@@ -208,6 +277,7 @@ class LocalLLM:
         self._pending = 0  # requests submitted and not finished (queued or running)
         self.decode_batches: collections.Counter[int] = collections.Counter()  # rows per decode step -> steps
         self._count_lock = threading.Lock()
+        self.written = WrittenReplies()  # the replies as the model wrote them (see WrittenReplies)
 
     # ------------------------------------------------------------------ loading
     def load(self, progress: Callable[[str], Any] = print) -> None:
@@ -328,6 +398,7 @@ class LocalLLM:
             raise PromptTooLong(
                 f"the prompt has over {room} tokens ({kept} characters); at most {room} fit this model's cache"
             )
+        messages = self.written.restore(messages)
         ids = self.tokenizer.encode_chat(messages)
         if len(ids) <= room:
             return FittedPrompt(ids)
@@ -493,6 +564,7 @@ class LocalLLM:
         if token is not None:
             piece = job.decoder.push(token)
             if piece:
+                job.text.append(piece)
                 try:
                     job.emit(piece)
                 except Exception:  # the consumer is gone (its loop closed): stop at the next step
@@ -526,6 +598,7 @@ class LocalLLM:
             last = TurnStats()
         elif error is None:
             self._tell_trim(job.fitted, last)
+            self.written.add("".join(job.text))
             if self._opening and last.finish_reason == "stop" and not last.looped and not job.stop.is_set():
                 # the reply reached its end token: the conversation's next turn starts with the opening
                 self._ahead[last.slot] = len(self.engine.slots[last.slot].ids)

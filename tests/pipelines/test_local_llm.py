@@ -415,3 +415,59 @@ def test_a_request_whose_caller_left_while_it_waited_is_not_run(llm) -> None:
     before = llm.engine.last
     assert llm.stream(QUESTION, max_tokens=8, temperature=0.0, stop=stop, emit=print) == (0, 0, "stop", 0)
     assert llm.engine.last is before and not llm.busy
+
+
+def test_written_replies_give_the_history_back_in_the_models_own_words() -> None:
+    """The agent sends back what the caller heard: the TTS's words joined by single spaces, or their
+    beginning when a barge-in cut the reply. The server gives the model its reply as it wrote it."""
+    from pipelines.local_llm import WrittenReplies
+
+    written = WrittenReplies(keep=2)
+    reply = "Sure, here is a list.\n\n- 2 cups of flour\n- 1 teaspoon of salt\n\nMix them well."
+    written.add(reply)
+    heard = "Sure, here is a list. - 2 cups of flour - 1 teaspoon of salt Mix them well."
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "How do I bake bread?"},
+        {"role": "assistant", "content": heard},
+        {"role": "user", "content": "Thanks."},
+    ]
+    restored = written.restore(history)
+    assert restored[2] == {"role": "assistant", "content": reply}
+    assert restored[:2] == history[:2] and restored[3] == history[3] and history[2]["content"] == heard
+    # cut by a barge-in after "flour": the reply as written, up to the last letter heard
+    cut = written.restore([{"role": "assistant", "content": "Sure, here is a list. - 2 cups of flour"}])
+    assert cut[0]["content"] == "Sure, here is a list.\n\n- 2 cups of flour"
+    # other words are left as they came (and so are messages already as written)
+    other = [{"role": "assistant", "content": "Sure, here is a map."}, {"role": "assistant", "content": reply}]
+    assert written.restore(other) is other
+    assert written.restored == 2
+    # only the last `keep` replies are remembered
+    written.add("One.")
+    written.add("Two.")
+    assert written.restore(history)[2]["content"] == heard
+
+
+def test_a_reply_heard_without_its_line_breaks_is_still_read_from_the_cache(llm: LocalLLM) -> None:
+    """The real model writes a list (line breaks); the next turn's history holds it as the caller
+    heard it (single spaces). Only the new turn is read: the reply's tokens come from the cache."""
+    ask = "Which one is red?"
+    history = [
+        {"role": "system", "content": "Answer with a short list."},
+        {"role": "user", "content": "List three fruits, one per line, each after a dash."},
+    ]
+    pieces: list[str] = []
+    llm.stream(history, max_tokens=40, temperature=0.0, stop=threading.Event(), emit=pieces.append)
+    reply = "".join(pieces)
+    assert "\n" in reply, reply  # the premise: what the voice loses is in the reply
+    heard = " ".join(reply.split())
+    history += [{"role": "assistant", "content": heard}, {"role": "user", "content": ask}]
+    restored = llm.written.restored
+    prompt, _, _, cached = llm.stream(history, max_tokens=4, temperature=0.0, stop=threading.Event(), emit=len)
+    words, header = _words_and_header(llm, ask)
+    read = prompt - cached
+    assert llm.written.restored == restored + 1
+    # the caller's words and the headers (the reply's end token and the user header when the reply
+    # was cut at max_tokens and nothing was read ahead); without the restore, the reply from its first
+    # line break on as well
+    assert read <= words + header + len(llm.tokenizer.turn_opening()), (read, words, header, reply)
