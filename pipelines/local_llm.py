@@ -399,7 +399,7 @@ class LocalLLM:
                 f"the prompt has over {room} tokens ({kept} characters); at most {room} fit this model's cache"
             )
         messages = self.written.restore(messages)
-        ids = self._encode_reusing(messages)
+        ids = self.tokenizer.encode_chat(messages)
         if len(ids) <= room:
             return FittedPrompt(ids)
         droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
@@ -416,39 +416,6 @@ class LocalLLM:
             lo, hi = (lo, mid) if len(without(mid)) <= room else (mid + 1, hi)
         dropped = min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable))
         return FittedPrompt(without(dropped), dropped)
-
-    def _encode_reusing(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt's tokens, spelling as a cached conversation did whatever text they share.
-
-        Why: a sampled reply is often not the tokenizer's own spelling of its text ("\n\n" where
-        the tokenizer writes "\n" twice, " **" where it writes " *" "*"): four of six sampled
-        replies here differed within their first 43 tokens. Encoded afresh, the next turn's prompt
-        left the cache at that token and read the rest again (98 and 132 tokens, 680 and 871 ms,
-        in a 20-turn call). The same text spelled with the cached tokens is the same text to the
-        model; the rest is encoded as usual.
-        """
-        from .llm_chat import common_prefix
-
-        text = self.tokenizer.render(messages)
-        enc = self.tokenizer.tokenizer
-        ids = enc.encode(text, add_special_tokens=False).ids
-        slots = [list(s.ids) for s in self.engine.slots]  # snapshots: the worker replaces a slot's list
-        plain = [common_prefix(cached, ids) for cached in slots]
-        best, best_k = ids, max(plain, default=0)
-        for cached, n in zip(slots, plain, strict=True):
-            if n >= len(cached) or n == len(ids):
-                continue  # the plain encoding already reuses the whole slot (or is all cached)
-            lo, hi = n, len(cached)  # the longest cached prefix that spells a prefix of the text
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if text.startswith(enc.decode(cached[:mid], skip_special_tokens=False)):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            if lo > max(n, best_k):
-                rest = text[len(enc.decode(cached[:lo], skip_special_tokens=False)) :]
-                best, best_k = cached[:lo] + (enc.encode(rest, add_special_tokens=False).ids if rest else []), lo
-        return best
 
     def stream(
         self,

@@ -471,29 +471,3 @@ def test_a_reply_heard_without_its_line_breaks_is_still_read_from_the_cache(llm:
     # was cut at max_tokens and nothing was read ahead); without the restore, the reply from its first
     # line break on as well
     assert read <= words + header + len(llm.tokenizer.turn_opening()), (read, words, header, reply)
-
-
-def test_a_sampled_reply_is_read_from_the_cache_in_its_own_spelling(llm: LocalLLM) -> None:
-    """A sampled reply is often not the tokenizer's own spelling of its text; the next turn, which
-    holds that text exactly, still reads only its new tokens (the cached spelling is reused)."""
-    ask = "Which one is red?"
-    enc = llm.tokenizer.tokenizer
-    for seed in range(1, 9):  # sampled replies whose tokens are not the text's plain encoding
-        history = [{"role": "user", "content": "List three fruits, one per line, each after a dash."}]
-        pieces: list[str] = []
-        llm.stream(history, max_tokens=40, temperature=0.7, seed=seed, stop=threading.Event(), emit=pieces.append)
-        slot = llm.engine.slots[llm.engine.last.slot]
-        reply = "".join(pieces)
-        if (
-            slot.ids[slot.prompt_len :][: len(enc.encode(reply, add_special_tokens=False).ids)]
-            != enc.encode(reply, add_special_tokens=False).ids
-        ):
-            break
-    else:
-        pytest.fail("eight sampled replies were all spelled as the tokenizer spells them: no premise")
-    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": ask}]
-    prompt, _, _, cached = llm.stream(history, max_tokens=4, temperature=0.0, stop=threading.Event(), emit=len)
-    words, header = _words_and_header(llm, ask)
-    # the caller's words, the headers, and (a reply cut at max_tokens) its last token, which was
-    # sampled but never run through the model, and the next turn's opening, never read ahead
-    assert prompt - cached <= words + header + len(llm.tokenizer.turn_opening()) + 1, (prompt - cached, reply)
