@@ -6,7 +6,12 @@ behind that same API keeps one code path in the agents, and lets a user swap in 
 vLLM/llama.cpp endpoint by changing one environment variable.
 
 Runtime: our own small Llama (:mod:`pipelines.llm_model`) on the GGUF's own 4-bit codes, with a
-conversation KV cache (:mod:`pipelines.llm_chat`) so a new turn only pre-fills its new tokens.
+conversation KV cache (:mod:`pipelines.llm_chat`) so a new turn only pre-fills its new tokens. A
+voice agent sends its history back as the caller heard it: the reply is given back as the model
+wrote it (:class:`WrittenReplies`), so the cache still matches. (It is then encoded afresh, and a
+sampled reply is not always the tokenizer's own spelling of its text: from there the turn reads the
+reply again. Spelling it with the cached tokens instead broke the window's move on long calls,
+which matches spans by tokens: docs/BENCHMARKS.md, "Local LLM".)
 llama-cpp-python has no wheel here (it compiles for ~9 minutes) and transformers' ``generate``
 is several times slower on 2 cores; figures and the command that measures them are in
 docs/BENCHMARKS.md (``scripts/llm_bench.py``).
