@@ -18,7 +18,10 @@
   YieldGate's own VAD and the STT all read the caller without the bot.
 * :meth:`PipecatEcho.transcripts` sits just after the STT: a ``TranscriptionFrame`` that only
   repeats words the bot just played is dropped (and logged), so even an echo that got through does
-  not become a turn the LLM answers.
+  not become a turn the LLM answers. Not when the STT says the bot's audio did not overlap the
+  segment (``result["bot_audio"]`` False, as ``pipelines.pipecat_stt`` marks it): a caller who
+  answers "Where would you like to go today?" with "I would like to go." repeats the bot's words, and
+  that was dropped as echo.
 
 Upstream frames and everything else pass untouched. One :class:`PipecatEcho` per call.
 """
@@ -94,7 +97,11 @@ class PipecatEcho:
         frame.sample_rate, frame.num_channels = RATE, 1
         frame.num_frames = len(frame.audio) // 2
 
-    def is_echo(self, text: str) -> bool:
+    def is_echo(self, text: str, bot_audio: bool | None = None) -> bool:
+        """Whether ``text`` only repeats what the bot just played; never for a segment the STT says the
+        bot's audio did not overlap (``bot_audio`` False; None: not known, the words decide)."""
+        if bot_audio is False:
+            return False
         now = self._clock()
         played = " ".join(t for at, t in self._words if at >= now - PLAYED_WORDS_S)
         if echo_transcript(text, played):
@@ -126,7 +133,8 @@ class _Tap(FrameProcessor):
             elif self._role == "EchoCleaner" and isinstance(frame, InputAudioRawFrame):
                 self._echo.clean(frame)
             elif self._role == "EchoTranscripts" and isinstance(frame, TranscriptionFrame):
-                if self._echo.is_echo(frame.text):
+                result = frame.result if isinstance(frame.result, dict) else {}
+                if self._echo.is_echo(frame.text, result.get("bot_audio")):
                     return
         await self.push_frame(frame, direction)
 

@@ -71,6 +71,7 @@ class LocalWhisperSTTService(WhisperSTTService):
         self._bot_spans: deque[tuple[float, float]] = deque(maxlen=64)  # its recent speech, (start, end)
         self._speech_since: float | None = None  # the VAD start of the segment being spoken
         self._segments: deque[tuple[float, float]] = deque()  # each queued segment's VAD (start, stop)
+        self._segment_bot = False  # the bot's audio overlapped the segment being decoded
         super().__init__(**kwargs)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -97,9 +98,10 @@ class LocalWhisperSTTService(WhisperSTTService):
         audio overlaps the caller's speech in it (from its VAD start to its stop)."""
         now = time.monotonic()
         start, end = self._segments.popleft() if self._segments else (now, now)
+        self._segment_bot = self.bot_in(start, end)
         if self.line == "wideband":
             return self.line
-        return "wideband" if self.bot_in(start, end) else self.line
+        return "wideband" if self._segment_bot else self.line
 
     def _load(self) -> None:
         self._model = shared_whisper(str(self._settings.model))
@@ -139,6 +141,9 @@ class LocalWhisperSTTService(WhisperSTTService):
         await self.stop_processing_metrics()
         logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech, {line} rule -> {text!r} ({'; '.join(trace)})")
         if text:
-            # how sure the decoder was of the words: the end of turn may weigh garbled words by it
-            result = {"text_logprob": heard["text_logprob"]} if "text_logprob" in heard else None
+            # how sure the decoder was of the words (the end of turn may weigh garbled words by it), and
+            # whether the bot's audio overlapped them (only then can they be its echo: agent.pipecat_echo)
+            result = {"bot_audio": self._segment_bot}
+            if "text_logprob" in heard:
+                result["text_logprob"] = heard["text_logprob"]
             yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language, result=result)

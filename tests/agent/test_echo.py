@@ -162,3 +162,15 @@ def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voice) -> None:
 )
 def test_echo_transcript(transcript: str, played: str, echo: bool) -> None:
     assert echo_transcript(transcript, played) is echo
+
+
+def test_a_caller_who_repeats_the_bots_words_after_it_is_not_its_echo() -> None:
+    """Answering "Where would you like to go today?" with "I would like to go." repeats the bot's words:
+    the words alone call it echo; a segment the STT says the bot's audio did not overlap never is."""
+    from agent.pipecat_echo import PipecatEcho
+
+    echo = PipecatEcho()
+    echo.spoken("Where would you like to go today?")
+    assert echo.is_echo("I would like to go.")  # the words alone (an STT that does not say)
+    assert not echo.is_echo("I would like to go.", bot_audio=False)
+    assert echo.is_echo("I would like to go.", bot_audio=True)

@@ -202,7 +202,7 @@ async def test_the_phone_rule_is_not_used_under_the_bot(monkeypatch):
     # bot (and its echo's tail) a speakerphone's residue is speech-like, so the wideband rule stands there
     import time
 
-    from pipecat.frames.frames import BotStartedSpeakingFrame, BotStoppedSpeakingFrame
+    from pipecat.frames.frames import BotStartedSpeakingFrame, BotStoppedSpeakingFrame, TranscriptionFrame
     from pipecat.processors.frame_processor import FrameDirection
     from pipecat.services.whisper.stt import WhisperSTTService
 
@@ -227,11 +227,13 @@ async def test_the_phone_rule_is_not_used_under_the_bot(monkeypatch):
         return "Yes."
 
     monkeypatch.setattr(stt_module, "transcribe", heard)
-    [f async for f in stt.run_stt(second)]  # the segment ended just now, within the echo's tail
+    under = [f async for f in stt.run_stt(second)]  # the segment ended just now, within the echo's tail
     quiet = stt_module.LocalWhisperSTTService(
         settings=WhisperSTTService.Settings(model=default_model_path()), line="phone"
     )
-    [f async for f in quiet.run_stt(second)]
+    clear = [f async for f in quiet.run_stt(second)]
     quiet.line = "wideband"
     [f async for f in quiet.run_stt(second)]
     assert seen == ["wideband", "phone", "wideband"]  # the page's rule is never relaxed
+    # each transcript says whether the bot's audio overlapped its segment: only then can it be echo
+    assert [f.result["bot_audio"] for f in under + clear if isinstance(f, TranscriptionFrame)] == [True, False]
