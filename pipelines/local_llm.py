@@ -186,18 +186,16 @@ class WrittenReplies:
                 self._replies.popitem(last=False)
 
     def restore(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = None
+        out = messages
         for i, m in enumerate(messages):
             content = m.get("content")
             if m.get("role") != "assistant" or not isinstance(content, str):
                 continue
             written = self._find(content)
             if written is not None and written != content:
-                out = out if out is not None else list(messages)
+                out = list(messages) if out is messages else out
                 out[i] = {**m, "content": written}
-        if out is None:
-            return messages
-        self.restored += sum(a is not b for a, b in zip(out, messages, strict=True))
+                self.restored += 1
         return out
 
     def _find(self, content: str) -> str | None:

@@ -71,7 +71,6 @@ class LocalWhisperSTTService(WhisperSTTService):
         self._bot_spans: deque[tuple[float, float]] = deque(maxlen=64)  # its recent speech, (start, end)
         self._speech_since: float | None = None  # the VAD start of the segment being spoken
         self._segments: deque[tuple[float, float]] = deque()  # each queued segment's VAD (start, stop)
-        self._segment_bot = False  # the bot's audio overlapped the segment being decoded
         super().__init__(**kwargs)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -93,30 +92,28 @@ class LocalWhisperSTTService(WhisperSTTService):
             return True
         return any(s < end and e + ECHO_TAIL_S > start for s, e in self._bot_spans)
 
-    def segment_line(self) -> str:
-        """The rule for the segment just taken off the queue: ``line``, or wideband where the bot's
-        audio overlaps the caller's speech in it (from its VAD start to its stop)."""
+    def next_segment(self) -> tuple[str, bool]:
+        """For the segment just taken off the queue: its rule (``line``, or wideband where the bot's
+        audio overlaps the caller's speech in it, from its VAD start to its stop) and that overlap."""
         now = time.monotonic()
         start, end = self._segments.popleft() if self._segments else (now, now)
-        self._segment_bot = self.bot_in(start, end)
-        if self.line == "wideband":
-            return self.line
-        return "wideband" if self._segment_bot else self.line
+        bot = self.bot_in(start, end)
+        return ("wideband" if bot else self.line), bot
 
     def _load(self) -> None:
         self._model = shared_whisper(str(self._settings.model))
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame, None]:
-        line = self.segment_line()
+        line, bot = self.next_segment()
         try:
-            async for frame in self._decode_segment(audio, line):
+            async for frame in self._decode_segment(audio, line, bot):
                 yield frame
         except Exception as exc:  # the segment is lost, not the call: the turn still learns it is over
             logger.exception(f"{self}: transcription failed")
             yield ErrorFrame(f"transcription failed: {exc!r}")
         yield SegmentTranscribedFrame(queued=self._segment_queue.qsize())
 
-    async def _decode_segment(self, audio: bytes, line: str) -> AsyncGenerator[Frame, None]:
+    async def _decode_segment(self, audio: bytes, line: str, bot: bool) -> AsyncGenerator[Frame, None]:
         if not self._model:
             yield ErrorFrame("Whisper model not available")
             return
@@ -143,7 +140,7 @@ class LocalWhisperSTTService(WhisperSTTService):
         if text:
             # how sure the decoder was of the words (the end of turn may weigh garbled words by it), and
             # whether the bot's audio overlapped them (only then can they be its echo: agent.pipecat_echo)
-            result = {"bot_audio": self._segment_bot}
+            result = {"bot_audio": bot}
             if "text_logprob" in heard:
                 result["text_logprob"] = heard["text_logprob"]
             yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language, result=result)

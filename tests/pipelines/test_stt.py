@@ -213,11 +213,11 @@ async def test_the_phone_rule_is_not_used_under_the_bot(monkeypatch):
     )
     second = bytes(2 * 16000)  # a segment of 1 s at 16 kHz
     now = time.monotonic()
-    assert stt.segment_line() == "phone"  # no bot audio ever: the line's rule
+    assert stt.next_segment() == ("phone", False)  # no bot audio ever: the line's rule
     await stt.process_frame(BotStartedSpeakingFrame(), FrameDirection.UPSTREAM)
-    assert stt.bot_in(now, now + 10) and stt.segment_line() == "wideband"  # the bot is speaking
+    assert stt.bot_in(now, now + 10) and stt.next_segment() == ("wideband", True)  # the bot is speaking
     await stt.process_frame(BotStoppedSpeakingFrame(), FrameDirection.UPSTREAM)
-    assert stt.segment_line() == "wideband"  # it spoke during the segment
+    assert stt.next_segment() == ("wideband", True)  # it spoke during the segment
     later = time.monotonic() + stt_module.ECHO_TAIL_S + 0.01
     assert not stt.bot_in(later, later + 1.0)  # a segment after the echo's tail: the line's rule again
     seen = []
