@@ -192,7 +192,9 @@ def test_word_timings(engine: PiperEngine, prepared: list[Prepared]) -> None:
         assert all(0.0 <= s < e <= duration + 1e-6 for s, e in zip(starts, ends)), p.words
         assert starts == sorted(starts) and ends == sorted(ends), p.words
         assert all(e <= s2 + 1e-6 for e, s2 in zip(ends, starts[1:])), p.words  # no overlap
-        assert ends[-1] > 0.6 * duration  # the words span the utterance, not a corner of it
+        # The words span the utterance, not a corner of it: after the last word comes only the sentence's
+        # closing pause (its length is sampled: up to ~0.3 s; a fraction of a short "Hello." was flaky).
+        assert duration - ends[-1] < 0.45 and starts[0] < 0.2, (duration, p.words)
 
 
 def test_word_timings_match_the_audio(engine: PiperEngine) -> None:
