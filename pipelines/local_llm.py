@@ -8,10 +8,10 @@ vLLM/llama.cpp endpoint by changing one environment variable.
 Runtime: our own small Llama (:mod:`pipelines.llm_model`) on the GGUF's own 4-bit codes, with a
 conversation KV cache (:mod:`pipelines.llm_chat`) so a new turn only pre-fills its new tokens. A
 voice agent sends its history back as the caller heard it: the reply is given back as the model
-wrote it (:class:`WrittenReplies`), so the cache still matches. (It is then encoded afresh, and a
-sampled reply is not always the tokenizer's own spelling of its text: from there the turn reads the
-reply again. Spelling it with the cached tokens instead broke the window's move on long calls,
-which matches spans by tokens: docs/BENCHMARKS.md, "Local LLM".)
+wrote it (:class:`WrittenReplies`), and spelled with the tokens the cache holds where the text is
+the same (:mod:`pipelines.llm_spelling`: a sampled reply is not always the tokenizer's own spelling
+of its text, and a trimmed history shares a span, not a prefix, with its cache), so the cache
+still matches.
 llama-cpp-python has no wheel here (it compiles for ~9 minutes) and transformers' ``generate``
 is several times slower on 2 cores; figures and the command that measures them are in
 docs/BENCHMARKS.md (``scripts/llm_bench.py``).
@@ -64,6 +64,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from .llm_spelling import CachedSpelling
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8766
@@ -272,6 +274,7 @@ class LocalLLM:
         self.read_aheads = 0  # openings read ahead (figures, tests)
         self.name = self.source.stem if self.source.is_file() else self.source.name
         self.engine = None
+        self._token_text: dict[int, str] = {}  # token id -> its text (see _spelling)
         self.tokenizer = None
         self._longest_token = 0  # set by load()
         self.folder: Path | None = None
@@ -402,7 +405,8 @@ class LocalLLM:
                 f"the prompt has over {room} tokens ({kept} characters); at most {room} fit this model's cache"
             )
         messages = self.written.restore(messages)
-        ids = self.tokenizer.encode_chat(messages)
+        spelling = self._spelling()
+        ids = spelling.encode(self.tokenizer.render(messages))
         if len(ids) <= room:
             return FittedPrompt(ids)
         droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
@@ -418,7 +422,16 @@ class LocalLLM:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if len(without(mid)) <= room else (mid + 1, hi)
         dropped = min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable))
-        return FittedPrompt(without(dropped), dropped)
+        gone = set(droppable[:dropped])
+        spelled = spelling.encode(self.tokenizer.render([m for i, m in enumerate(messages) if i not in gone]))
+        # the window was sized with the plain encoding; the cached spelling is as long give or take a few
+        return FittedPrompt(spelled if len(spelled) <= room else without(dropped), dropped)
+
+    def _spelling(self) -> CachedSpelling:
+        """The slots' conversations as they are now, to spell a prompt with their tokens
+        (:mod:`pipelines.llm_spelling`: a sampled reply is not always the tokenizer's own spelling,
+        and a trimmed history shares a span, not a prefix, with its cache)."""
+        return CachedSpelling(self.tokenizer.tokenizer, [s.ids for s in self.engine.slots], self._token_text)
 
     def stream(
         self,

@@ -471,3 +471,77 @@ def test_a_reply_heard_without_its_line_breaks_is_still_read_from_the_cache(llm:
     # was cut at max_tokens and nothing was read ahead); without the restore, the reply from its first
     # line break on as well
     assert read <= words + header + len(llm.tokenizer.turn_opening()), (read, words, header, reply)
+
+
+def test_a_sampled_reply_is_read_from_the_cache_in_its_own_spelling(llm: LocalLLM) -> None:
+    """A sampled reply is often not the tokenizer's own spelling of its text; the next turn, which
+    holds that text exactly, still reads only its new tokens (the cached spelling is reused)."""
+    ask = "Which one is red?"
+    enc = llm.tokenizer.tokenizer
+    for seed in range(1, 9):  # sampled replies whose tokens are not the text's plain encoding
+        history = [{"role": "user", "content": "List three fruits, one per line, each after a dash."}]
+        pieces: list[str] = []
+        llm.stream(history, max_tokens=40, temperature=0.7, seed=seed, stop=threading.Event(), emit=pieces.append)
+        slot = llm.engine.slots[llm.engine.last.slot]
+        reply = "".join(pieces)
+        if (
+            slot.ids[slot.prompt_len :][: len(enc.encode(reply, add_special_tokens=False).ids)]
+            != enc.encode(reply, add_special_tokens=False).ids
+        ):
+            break
+    else:
+        pytest.fail("eight sampled replies were all spelled as the tokenizer spells them: no premise")
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": ask}]
+    prompt, _, _, cached = llm.stream(history, max_tokens=4, temperature=0.0, stop=threading.Event(), emit=len)
+    words, header = _words_and_header(llm, ask)
+    # the caller's words, the headers, and (a reply cut at max_tokens) its last token, which was
+    # sampled but never run through the model, and the next turn's opening, never read ahead
+    assert prompt - cached <= words + header + len(llm.tokenizer.turn_opening()) + 1, (prompt - cached, reply)
+
+
+def test_a_long_call_with_sampled_replies_moves_its_window_without_reading_it_again(caplog) -> None:
+    """The case that broke the first try at cached spellings (a 20-turn call: the window's move found
+    no span to move, 1,707 tokens re-read): sampled replies, spelled as written, and a history that
+    outgrows the cache. Every move follows the cache, and no turn after the first reads more than
+    its own new tokens."""
+    caplog.set_level(logging.INFO, logger="pipelines.local_llm")
+    small = LocalLLM(slots=1, max_len=384)
+    small.load(progress=lambda *_: None)
+    history = _long_history()
+    read: list[tuple[int, int]] = []
+    for i in range(10):
+        history.append({"role": "user", "content": f"Turn {i}: list two names for a blue boat, one per line."})
+        pieces: list[str] = []
+        prompt, _, _, cached = small.stream(
+            history, max_tokens=24, temperature=0.8, seed=i, stop=threading.Event(), emit=pieces.append
+        )
+        read.append((prompt, prompt - cached))
+        history.append({"role": "assistant", "content": " ".join("".join(pieces).split()) or "Blue."})  # as heard
+    moves = [r.getMessage() for r in caplog.records if "outgrew the 384-token context" in r.getMessage()]
+    assert len(moves) >= 3, moves
+    assert all("cached tokens moved" in m for m in moves[1:]), moves
+    # a turn's question (~20 tokens), its headers, and a reply cut at max_tokens (its last token)
+    assert max(r for _, r in read[1:]) < 36, read  # 22-28 here; spelled afresh, up to 47
+
+
+def test_the_cached_spelling_is_the_same_text(llm: LocalLLM) -> None:
+    """Whatever the cache holds, the spelled prompt decodes to exactly the prompt's text; a span is
+    taken from the cache only where it spells what follows the shared beginning."""
+    from pipelines.llm_spelling import CachedSpelling
+
+    enc = llm.tokenizer.tokenizer
+    cached_text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nOne two three four five six seven."
+    odd = enc.encode("\n", add_special_tokens=False).ids * 2  # "\n\n" spelled as two tokens
+    tail = " Eight nine ten eleven twelve thirteen fourteen fifteen, sixteen.<|im_end|>\n"
+    cache = enc.encode(cached_text, add_special_tokens=False).ids + odd + enc.encode(tail, add_special_tokens=False).ids
+    spelling = CachedSpelling(enc, [cache])
+    whole = cached_text + "\n\n" + tail + "<|im_start|>user\nAnd then?<|im_end|>\n"
+    trimmed = "<|im_start|>system\nBe brief.<|im_end|>\n" + tail + "<|im_start|>user\nAnd then?"
+    for text in (whole, trimmed, "Nothing in common at all, not one word.", "", cached_text[:10] + "é" * 3):
+        ids = spelling.encode(text)
+        assert enc.decode(ids, skip_special_tokens=False) == text
+    # the reply's odd spelling is kept, and the trimmed history reuses the cached span after the cut
+    assert spelling.encode(whole)[: len(cache)] == cache
+    head = enc.encode("<|im_start|>system\nBe brief.<|im_end|>\n", add_special_tokens=False).ids
+    span = enc.encode(tail, add_special_tokens=False).ids
+    assert spelling.encode(trimmed)[len(head) : len(head) + len(span)] == span
