@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/tts_first_audio.py --json out/first_audio.json          # ~2.5 min
     .venv/bin/python scripts/tts_first_audio.py --replies 6 --no-wer                  # quick look
+    .venv/bin/python scripts/tts_first_audio.py --no-piper --token-ms 50 --first-cut-ms 400,250   # A/B
 
 The scenario of issue 11: an LLM streams a reply at 25 tokens/s (one word every 40 ms, as
 Pipecat's LLM services push ``LLMTextFrame``s) into a TTS service; the figure is the time from the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -64,6 +66,14 @@ REPLIES: list[tuple[str, str]] = [
     ("none", "The nearest pharmacy is two blocks away on the corner of Oak Street and Pine Avenue."),
     ("none", "I can book the earlier appointment for you if you prefer the morning."),
     ("none", "The library has four copies of that book and two of them are available right now."),
+    ("none", "Paris is the capital of France and its largest city by far."),
+    ("none", "The train to Boston leaves from platform nine every half hour until midnight."),
+    ("none", "It usually takes about twenty minutes to walk from the hotel to the old town."),
+    ("none", "The best time to visit the gardens is early in the morning before the crowds arrive."),
+    ("none", "Your order includes two pizzas and a large salad with the dressing on the side."),
+    ("none", "Most of the rooms on the top floor have a view of the harbour and the lighthouse."),
+    ("none", "There is a small bakery next to the station that sells fresh bread every morning."),
+    ("none", "The meeting with the design team has been moved to Thursday at the same time."),
 ]  # fmt: skip
 TOKEN_S = 0.04  # 25 tokens/s
 RATE = 16000
@@ -86,8 +96,9 @@ class Result:
     turns: list[Turn] = field(default_factory=list)
     sentence_wer: list[float] = field(default_factory=list)
     sentence_transcripts: list[str] = field(default_factory=list)
-    # a real-time player's gaps after the first frame, summed over the worst reply (StreamvoxStats.max_lag_s)
-    streamvox_max_gap_ms: float = 0.0
+    # per streamvox service: a real-time player's gaps after the first frame, summed over the worst
+    # reply (StreamvoxStats.max_lag_s)
+    max_gap_ms: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- the Pipecat scenario
@@ -203,7 +214,7 @@ def _stats(values: list[float]) -> str:
 
 
 def report(result: Result) -> None:
-    services = sorted({t.service for t in result.turns}, key=lambda s: s != "streamvox")
+    services = sorted({t.service for t in result.turns}, key=lambda s: not s.startswith("streamvox"))
     for service in services:
         turns = [t for t in result.turns if t.service == service]
         print(f"\n{service}: first LLM token -> first audio frame")
@@ -211,13 +222,23 @@ def report(result: Result) -> None:
         for kind in ("clause", "sentence", "none"):
             print(f"  opening: {kind:<11} {_stats([t.first_audio_ms for t in turns if t.kind == kind])}")
         print(f"  first voiced sample  {_stats([t.first_voiced_ms for t in turns])}")
-        if service == "streamvox":
-            print(f"  playout gaps after the first frame, worst reply's total: {result.streamvox_max_gap_ms:.0f} ms")
-    streamed = [t.wer for t in result.turns if t.service == "streamvox" and t.wer is not None]
-    if streamed:
-        mean_s, mean_r = statistics.fmean(streamed), statistics.fmean(result.sentence_wer)
-        print(f"\nWhisper tiny.en WER over {len(streamed)} replies: streamed tokens {mean_s:.3f}, "
-              f"sentence by sentence {mean_r:.3f}, difference {mean_s - mean_r:+.3f}")  # fmt: skip
+        if service in result.max_gap_ms:
+            print(f"  playout gaps after the first frame, worst reply's total: {result.max_gap_ms[service]:.0f} ms")
+        streamed = [t.wer for t in turns if t.wer is not None]
+        if streamed and result.sentence_wer:
+            mean_s, mean_r = statistics.fmean(streamed), statistics.fmean(result.sentence_wer)
+            print(f"  Whisper tiny.en WER over {len(streamed)} replies: streamed tokens {mean_s:.3f}, "
+                  f"sentence by sentence {mean_r:.3f}, difference {mean_s - mean_r:+.3f}")  # fmt: skip
+
+
+def _cut_list(text: str) -> list[int]:
+    try:
+        cuts = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"whole milliseconds separated by commas, not {text!r}") from None
+    if not cuts or any(not 0 < c <= 5000 for c in cuts) or len(set(cuts)) != len(cuts):
+        raise argparse.ArgumentTypeError(f"distinct values between 1 and 5000 ms, not {text!r}")
+    return cuts
 
 
 async def main(argv: list[str] | None = None) -> int:
@@ -226,10 +247,24 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-piper", action="store_true", help="skip Pipecat's PiperTTSService")
     parser.add_argument("--no-wer", action="store_true", help="skip the Whisper intelligibility check")
     parser.add_argument("--token-ms", type=float, default=1000 * TOKEN_S, help="LLM token interval (default 40)")
+    parser.add_argument(
+        "--kinds", type=lambda v: v.split(","), default=[], help="only replies of these openings (clause,sentence,none)"
+    )
+    parser.add_argument(
+        "--first-cut-ms",
+        type=_cut_list,
+        default=[],
+        metavar="MS[,MS...]",
+        help="one streamvox server per value, started with --first-cut-ms MS, measured side by side, reply by "
+        "reply interleaved (default: one server with its default)",
+    )
     parser.add_argument("--json", type=Path, help="write every turn's figures here")
     args = parser.parse_args(argv)
     if not 1 <= args.replies <= len(REPLIES):
         parser.error(f"--replies must be between 1 and {len(REPLIES)}")
+    unknown = set(args.kinds) - {kind for kind, _ in REPLIES}
+    if unknown:
+        parser.error(f"--kinds: unknown {sorted(unknown)}; the kinds are clause, sentence, none")
 
     from loguru import logger
 
@@ -238,38 +273,47 @@ async def main(argv: list[str] | None = None) -> int:
     from agent.pipecat import StreamvoxTTSService
     from tts_service.localproc import ChildServer
 
-    chosen = REPLIES[: args.replies]
+    chosen = [r for r in REPLIES if not args.kinds or r[0] in args.kinds][: args.replies]
     texts = [text for _, text in chosen]
     result = Result()
-    with ChildServer.tts() as server:
-        services = {"streamvox": StreamvoxTTSService(url=server.ws_url, sample_rate=RATE)}
+    with contextlib.ExitStack() as stack:
+        servers = {
+            ("streamvox" if cut is None else f"streamvox, first cut {cut} ms"): stack.enter_context(
+                ChildServer.tts(extra=[] if cut is None else ["--first-cut-ms", str(cut)])
+            )
+            for cut in args.first_cut_ms or [None]
+        }
+        services = {name: StreamvoxTTSService(url=srv.ws_url, sample_rate=RATE) for name, srv in servers.items()}
         piper = None if args.no_piper else piper_service()
         if piper is not None:
             services["pipecat PiperTTSService"] = piper
         gate = asyncio.Lock()
         runs = await asyncio.gather(*(run_service(s, texts, gate, args.token_ms / 1000) for s in services.values()))
-        result.streamvox_max_gap_ms = 1000 * services["streamvox"].stats.max_lag_s
-        audio: list[np.ndarray] = []
+        result.max_gap_ms = {name: 1000 * services[name].stats.max_lag_s for name in servers}
+        audio: dict[str, list[np.ndarray]] = {name: [] for name in servers}
         for name, run in zip(services, runs, strict=True):
             for (kind, text), (first_s, pcm) in zip(chosen, run, strict=True):
                 voiced_s = first_s + first_voiced_s(pcm)
                 result.turns.append(Turn(name, kind, text, 1000 * first_s, 1000 * voiced_s, len(pcm) / 2 / RATE))
-                if name == "streamvox":
-                    audio.append(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
-        references = [] if args.no_wer else await render_references(server.ws_url, texts)
+                if name in audio:
+                    audio[name].append(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
+        first_url = next(iter(servers.values())).ws_url
+        references = [] if args.no_wer else await render_references(first_url, texts)
 
     if references:
         from support.renders import reply_wer
         from support.tts_helpers import transcribe
 
         model = whisper_model()
-        streamed = [t for t in result.turns if t.service == "streamvox"]
-        for turn, clip, ref in zip(streamed, audio, references, strict=True):
-            turn.transcript = transcribe(model, clip, RATE)
-            turn.wer = reply_wer(turn.text, turn.transcript)
+        for ref, text in zip(references, texts, strict=True):
             reference_transcript = transcribe(model, ref, RATE)
             result.sentence_transcripts.append(reference_transcript)
-            result.sentence_wer.append(reply_wer(turn.text, reference_transcript))
+            result.sentence_wer.append(reply_wer(text, reference_transcript))
+        for name, clips in audio.items():
+            streamed = [t for t in result.turns if t.service == name]
+            for turn, clip in zip(streamed, clips, strict=True):
+                turn.transcript = transcribe(model, clip, RATE)
+                turn.wer = reply_wer(turn.text, turn.transcript)
     report(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -360,3 +360,24 @@ def test_serve_option_errors_are_one_line(
     empty.write_text("\n")
     assert main(["serve", "--api-key-file", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+def test_the_first_cut_is_a_serve_option(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``--first-cut-ms`` reaches the scheduler (an operator with a slow LLM lowers it); a bad value
+    is a one-line usage error, not a traceback."""
+    from tts_service.cli import build_parser
+    from tts_service.piper import serve
+    from tts_service.piper.scheduler import PiperSchedulerOptions
+
+    built: list[PiperSchedulerOptions] = []
+    monkeypatch.setattr(serve, "load_piper_engine", lambda *a, **k: "engine")
+    monkeypatch.setattr(serve, "synthesizer", lambda engine, *, options, metrics: built.append(options))
+    default = PiperSchedulerOptions().first_cut_s
+    for argv, expected in ((["serve"], default), (["serve", "--first-cut-ms", "250"], 0.25)):
+        serve.build(build_parser().parse_args(argv))
+        assert built[-1].first_cut_s == expected
+    for bad in ("0", "abc", "9000"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--first-cut-ms", bad])
+        err = capsys.readouterr().err
+        assert "--first-cut-ms" in err and "Traceback" not in err

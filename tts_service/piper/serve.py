@@ -35,6 +35,31 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="share of the synthesis worker's time admitted streams may need before new ones get "
         "'overloaded' (default 0.85; above 1 overcommits, for tests on a busy machine)",
     )
+    g.add_argument(
+        "--first-cut-ms",
+        type=_positive_ms,
+        default=None,
+        metavar="MS",
+        help="before a context's first audio, text that has waited this long without a clause or sentence "
+        f"end is cut at a word and spoken (default {round(1000 * _default_first_cut_s())}; lower for a slow "
+        "LLM, at some cost in phrasing)",
+    )
+
+
+def _default_first_cut_s() -> float:
+    from .scheduler import PiperSchedulerOptions
+
+    return PiperSchedulerOptions().first_cut_s
+
+
+def _positive_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of milliseconds: {text!r}") from None
+    if not 0 < value <= 5000:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 5000 ms, not {value}")
+    return value
 
 
 def load_piper_engine(
@@ -65,7 +90,13 @@ def build(args: argparse.Namespace, *, metrics=None):
         engine = load_piper_engine(args.voice_path, device=args.device, threads=args.threads)
     except VoiceError as exc:
         raise EngineSetupError(str(exc)) from None
-    options = PiperSchedulerOptions(lead_s=args.lead_ms / 1000, max_streams=args.max_streams, capacity=args.capacity)
+    first_cut = getattr(args, "first_cut_ms", None)  # absent when another engine's parser built args
+    options = PiperSchedulerOptions(
+        lead_s=args.lead_ms / 1000,
+        max_streams=args.max_streams,
+        capacity=args.capacity,
+        **({} if first_cut is None else {"first_cut_s": first_cut / 1000}),
+    )
     return synthesizer(engine, options=options, metrics=metrics)
 
 
