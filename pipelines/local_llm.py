@@ -65,6 +65,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .llm_repeats import SentenceRepeats
 from .llm_spelling import CachedSpelling
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,8 @@ class _Job:
     tokens: Any = None  # the engine's generator (batched: it yields DecodeSteps, see LocalLLM._serve)
     decoder: Any = None
     logits: Any = None  # its last decode step's logits, sent to it at its next step
-    text: list[str] = field(default_factory=list)  # the reply's pieces, as decoded
+    text: list[str] = field(default_factory=list)  # the reply's pieces, as emitted
+    repeats: SentenceRepeats = field(default_factory=SentenceRepeats)  # holds back a sentence said again
 
 
 def _letters(text: str) -> str:
@@ -569,23 +571,37 @@ class LocalLLM:
             logits, job.logits = job.logits, None
             token = job.tokens.send(logits) if logits is not None else next(job.tokens)
         except StopIteration:
+            self._say(job, job.repeats.flush())  # a last sentence that only began like an earlier one
             self._finish(job, None)
             return False
         except Exception as exc:  # delivered to the request, the worker goes on
             self._finish(job, exc)
             return False
+        step = None
         if isinstance(token, DecodeStep):
-            steps.append((job, token))
-            token = token.token
+            step, token = token, token.token
         if token is not None:
             piece = job.decoder.push(token)
             if piece:
-                job.text.append(piece)
-                try:
-                    job.emit(piece)
-                except Exception:  # the consumer is gone (its loop closed): stop at the next step
-                    job.stop.set()
+                self._say(job, job.repeats.push(piece))
+                if job.repeats.repeated:  # it began a sentence it had said: the reply ends before it
+                    job.tokens.close()  # its slot is released (the generator's finally)
+                    job.stats.looped, job.stats.finish_reason = True, "stop"
+                    self._finish(job, None)
+                    return False
+        if step is not None:
+            steps.append((job, step))
         return True
+
+    @staticmethod
+    def _say(job: _Job, text: str) -> None:
+        if not text:
+            return
+        job.text.append(text)
+        try:
+            job.emit(text)
+        except Exception:  # the consumer is gone (its loop closed): stop at the next step
+            job.stop.set()
 
     def _decode(self, steps: list[tuple[_Job, Any]]) -> bool:
         """The decode steps of one round, as one batch; False if it failed (each of its requests
@@ -619,7 +635,10 @@ class LocalLLM:
                 # the reply reached its end token: the conversation's next turn starts with the opening
                 self._ahead[last.slot] = len(self.engine.slots[last.slot].ids)
             if last.looped:
-                log.info("a reply went round in a loop after %d tokens: it ends there", last.completion_tokens)
+                log.info(
+                    "a reply went round in a loop (a short cycle, a sentence again) after %d tokens: it ends there",
+                    last.completion_tokens,
+                )
             log.debug(
                 "prompt %d tokens (%d from the cache of slot %d), prefill %.0f ms; %d tokens in %.0f ms (%s)",
                 last.prompt_tokens,

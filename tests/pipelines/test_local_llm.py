@@ -545,3 +545,78 @@ def test_the_cached_spelling_is_the_same_text(llm: LocalLLM) -> None:
     head = enc.encode("<|im_start|>system\nBe brief.<|im_end|>\n", add_special_tokens=False).ids
     span = enc.encode(tail, add_special_tokens=False).ids
     assert spelling.encode(trimmed)[len(head) : len(head) + len(span)] == span
+
+
+def _sentences(text: str) -> list[str]:
+    import re
+
+    return [" ".join(re.findall(r"[a-z']+", s.lower())) for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+
+
+def test_a_reply_that_starts_saying_a_sentence_again_ends_before_it(llm: LocalLLM, monkeypatch, caplog) -> None:
+    """A 20-turn call's replies fell into "So, it's all about learning." said over and over, each
+    later reply copying it from the history. With that history the real model loops again; the
+    caller hears each sentence once, the reply ends where the repeat began, and the history keeps
+    what was said."""
+    from pipelines import llm_repeats
+
+    caplog.set_level(logging.INFO, logger="pipelines.local_llm")
+    history = [
+        {"role": "user", "content": "How do I learn?"},
+        {"role": "assistant", "content": " ".join(["So, it's all about learning."] * 4)},
+        {"role": "user", "content": "How do I learn faster?"},
+    ]
+
+    def reply() -> tuple[str, str]:
+        llm.engine.reset()  # the same full prefill both times: the same greedy reply up to the guard
+        pieces: list[str] = []
+        stop = threading.Event()
+        _, _, finish, _ = llm.stream(history, max_tokens=64, temperature=0.0, stop=stop, emit=pieces.append)
+        return "".join(pieces), finish
+
+    with monkeypatch.context() as m:  # the premise: without the guard this reply says a sentence again
+        m.setattr(llm_repeats.SentenceRepeats, "push", lambda self, piece: piece)
+        m.setattr(llm_repeats.SentenceRepeats, "flush", lambda self: "")
+        looped, _ = reply()
+    said = [s for s in _sentences(looped) if len(s.split()) >= 3]
+    assert len(said) > len(set(said)), looped
+    guarded, finish = reply()
+    said = [s for s in _sentences(guarded) if len(s.split()) >= 3]
+    assert said and len(said) == len(set(said)), guarded
+    assert looped.startswith(guarded.rstrip()) and len(guarded) < len(looped), (guarded, looped)
+    assert finish == "stop"
+    assert any("went round in a loop" in r.getMessage() for r in caplog.records)
+    assert llm.written.restore([{"role": "assistant", "content": guarded}])[0]["content"] == guarded
+
+
+@pytest.mark.parametrize(
+    ("text", "said", "repeated"),
+    [
+        (
+            "It's all about learning. So, it's all about learning. So, it's all about learning. So, it",
+            "It's all about learning. So, it's all about learning.",
+            True,
+        ),
+        ("I can help. I can help you with that. I can help.", "I can help. I can help you with that.", True),
+        ("Paris is big. It is old. Paris is lovely.", "Paris is big. It is old. Paris is lovely.", False),
+        ("No. No. No.", "No. No. No.", False),  # shorter than three words: may be meant
+        ("It costs 3.5 euros. It costs 3.5 euros", "It costs 3.5 euros.", True),  # the last one, at the end
+        ("We leave at 3. Then at 3.5 we eat.", "We leave at 3. Then at 3.5 we eat.", False),
+    ],
+)
+def test_a_sentence_is_said_once(text: str, said: str, repeated: bool) -> None:
+    """The reply's text in token-like pieces; what comes out, and nothing of a repeat ever leaves."""
+    import re
+
+    from pipelines.llm_repeats import SentenceRepeats
+
+    guard = SentenceRepeats()
+    out = []
+    for piece in re.findall(r"\s*[A-Za-z']+|\s*[^\sA-Za-z']", text):
+        out.append(guard.push(piece))
+        # held text is a sentence's beginning only: what is out never holds more than one copy
+        sentences = [s for s in _sentences("".join(out)) if len(s.split()) >= 3]
+        assert len(sentences) == len(set(sentences)), out
+    out.append(guard.flush())
+    assert "".join(out).strip() == said
+    assert guard.repeated == repeated
