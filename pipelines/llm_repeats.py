@@ -5,12 +5,15 @@ does not break. A 20-turn phone call's replies became "So, it's all about learni
 about learning. So, it's all about ..." (the short-cycle guard, :func:`pipelines.llm_chat.repeats_itself`,
 stopped each after four rounds: the caller heard the sentence four times), and every later reply
 copied the loop from the history. A sentence is only known to repeat once it is complete, and by
-then the text has gone to the TTS; so text that is still the beginning of a sentence already said
-in this reply is held back (the TTS is still speaking the earlier ones, so the caller hears no
-gap), released the moment it differs, and dropped, ending the reply, when it completes the
-repeat. What the caller hears, and what goes back into the history, is the reply without it.
+then the text has gone to the TTS; so a sentence is held back while its words so far are words
+this reply already said in a row (the TTS is still speaking the earlier ones: the LLM writes
+faster than a voice speaks, so the caller hears no gap), released the moment it differs, and
+dropped, ending the reply, when it completes the repeat. What the caller hears, and what goes back
+into the history, is the reply without it.
 
-Sentences of fewer than ``MIN_WORDS`` words are never held nor judged ("No. No." may be meant).
+A repeat is a whole sentence of ``MIN_WORDS`` words or more that the reply has already said, word
+for word and in a row: an earlier sentence or its end ("Yes, it's a challenge. It's a challenge.").
+Shorter ones are never dropped ("No. No." may be meant).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class SentenceRepeats:
     """
 
     def __init__(self) -> None:
-        self.said: set[str] = set()  # sentences of this reply, as their words joined by spaces
+        self.earlier = " "  # the words of this reply's finished sentences, joined and framed by spaces
         self.current = ""  # the sentence being written (since the last sentence end)
         self.held = ""  # its text not emitted yet
         self.repeated = False
@@ -60,27 +63,31 @@ class SentenceRepeats:
         """At the reply's end: the held text, unless it completes a repeat (then nothing)."""
         if self.repeated:
             return ""
-        words = _words(self.current)
-        if len(words) >= MIN_WORDS and " ".join(words) in self.said:
+        if self._said_before(_words(self.current)):
             self.repeated = True
             return ""
         held, self.held = self.held, ""
         return held
 
+    def _said_before(self, words: list[str]) -> bool:
+        """A whole sentence of ``MIN_WORDS`` or more whose words the reply already said, in a row
+        (an earlier sentence, or the end of one: "Yes, it's a challenge. It's a challenge.")."""
+        return len(words) >= MIN_WORDS and f" {' '.join(words)} " in self.earlier
+
     def _may_repeat(self) -> bool:
-        """Whether the sentence so far is the beginning of one already said (its last word may be
-        cut: "about lear" may become "about learning")."""
+        """Whether the sentence so far is words the reply already said, in a row (its last word
+        may be cut: "about lear" may become "about learning")."""
         so_far = " ".join(_words(self.current))
-        return bool(so_far) and any(s.startswith(so_far) for s in self.said)
+        return bool(so_far) and f" {so_far}" in self.earlier
 
     def _complete(self) -> str:
         """``current`` ended a sentence: a repeat ends the reply, else it is remembered. Returns
         the text released (held text of a sentence that turned out new)."""
         words = _words(self.current)
-        if len(words) >= MIN_WORDS:
-            if " ".join(words) in self.said:
-                self.repeated, self.held = True, ""
-                return ""
-            self.said.add(" ".join(words))
+        if self._said_before(words):
+            self.repeated, self.held = True, ""
+            return ""
+        if words:
+            self.earlier += " ".join(words) + " "
         held, self.held, self.current = self.held, "", ""
         return held

@@ -600,6 +600,8 @@ def test_a_reply_that_starts_saying_a_sentence_again_ends_before_it(llm: LocalLL
         ("I can help. I can help you with that. I can help.", "I can help. I can help you with that.", True),
         ("Paris is big. It is old. Paris is lovely.", "Paris is big. It is old. Paris is lovely.", False),
         ("No. No. No.", "No. No. No.", False),  # shorter than three words: may be meant
+        ("Mrs. Alice, yes, it's a challenge. It's a challenge.", "Mrs. Alice, yes, it's a challenge.", True),
+        ("So you need a plan. You need a plan to go.", "So you need a plan. You need a plan to go.", False),
         ("It costs 3.5 euros. It costs 3.5 euros", "It costs 3.5 euros.", True),  # the last one, at the end
         ("We leave at 3. Then at 3.5 we eat.", "We leave at 3. Then at 3.5 we eat.", False),
     ],
