@@ -153,6 +153,7 @@ class _Job:
     logits: Any = None  # its last decode step's logits, sent to it at its next step
     text: list[str] = field(default_factory=list)  # the reply's pieces, as emitted
     repeats: SentenceRepeats = field(default_factory=SentenceRepeats)  # holds back a sentence said again
+    diverged: str = ""  # where the prompt left the cache (DEBUG only; see LocalLLM._divergence)
 
 
 def _letters(text: str) -> str:
@@ -548,6 +549,8 @@ class LocalLLM:
 
         job.stats = TurnStats()
         job.decoder = self.tokenizer.decoder()
+        if log.isEnabledFor(logging.DEBUG):
+            job.diverged = self._divergence(job.fitted.ids)
         job.tokens = self.engine.generate(
             job.fitted.ids,
             job.sampling,
@@ -558,6 +561,22 @@ class LocalLLM:
             batched=True,
         )
         return job
+
+    def _divergence(self, prompt: list[int]) -> str:
+        """Where ``prompt`` leaves the cached conversation it shares most with, as text (for the
+        DEBUG line: a turn that reads more than its own words shows here why); empty if nowhere."""
+        from .llm_chat import common_prefix
+
+        best = max((s.ids for s in self.engine.slots), key=lambda ids: common_prefix(ids, prompt), default=[])
+        n = common_prefix(best, prompt)
+        if n == 0 or n >= len(best) or n >= len(prompt):
+            return ""
+
+        def text(ids: list[int]) -> str:
+            return self.tokenizer.tokenizer.decode(ids, skip_special_tokens=False)
+
+        before, cached, given = text(prompt[max(0, n - 6) : n]), text(best[n : n + 6]), text(prompt[n : n + 6])
+        return f"after {before!r} the cache has {cached!r}, the prompt {given!r}"
 
     def _step(self, job: _Job, steps: list[tuple[_Job, Any]]) -> bool:
         """One step of ``job``; False once it has finished (its ``done`` called).
@@ -649,6 +668,8 @@ class LocalLLM:
                 last.decode_s * 1000,
                 last.finish_reason,
             )
+            if job.diverged and last.prompt_tokens - last.reused_tokens > 64:
+                log.debug("  that prompt left the cache %s", job.diverged)
         try:
             job.done(error or (last.prompt_tokens, last.completion_tokens, last.finish_reason, last.reused_tokens))
         except Exception:  # the waiter's loop is gone; nothing to tell

@@ -622,3 +622,18 @@ def test_a_sentence_is_said_once(text: str, said: str, repeated: bool) -> None:
     out.append(guard.flush())
     assert "".join(out).strip() == said
     assert guard.repeated == repeated
+
+
+def test_a_turn_that_reads_much_again_says_where_it_left_the_cache(llm: LocalLLM, caplog) -> None:
+    """With DEBUG on (``--verbose``), a request that reads over 64 tokens again names the text where
+    its prompt and the cached conversation part: why a turn was slow, without a debugger."""
+    caplog.set_level(logging.DEBUG, logger="pipelines.local_llm")
+    history = [{"role": "user", "content": "Tell me a long story about a cat."}]
+    llm.stream(history, max_tokens=24, temperature=0.0, stop=threading.Event(), emit=len)
+    history += [
+        {"role": "assistant", "content": "Something else entirely, not what the model wrote. " * 8},
+        {"role": "user", "content": "More?"},
+    ]
+    llm.stream(history, max_tokens=2, temperature=0.0, stop=threading.Event(), emit=len)
+    lines = [r.getMessage() for r in caplog.records if "left the cache" in r.getMessage()]
+    assert lines and "the prompt 'Something else" in lines[-1] and "assistant" in lines[-1], lines
