@@ -105,6 +105,11 @@ class TurnJudge:
     # ``between_s`` instead: None turns either check off
     doubt_logprob: float | None = None
     rescue_acoustic: float | None = None
+    # a transcript that ends in a question mark and reads unfinished waits ``between_s``: Whisper
+    # heard a question, and a garbled one ("How do I plan a merc-day party for 20 people on a
+    # mer-hit?") reads unfinished to the text model for reasons that are not the caller's. Off: on
+    # the corpus Whisper writes "?" in mid-thought pauses too, and it cut more of them
+    question_ends: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.text_unlikely <= self.text_likely <= 1.0:
@@ -146,6 +151,7 @@ class TurnJudge:
                 text_complete >= self.text_unlikely
                 or short_answer(text)
                 or self._doubted(acoustic_complete, words_logprob)
+                or (self.question_ends and text.rstrip().endswith("?"))
             ):
                 return self.between_s
             return self.unlikely_s

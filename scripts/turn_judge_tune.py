@@ -148,6 +148,26 @@ def line(label: str, judge: TurnJudge | None, rows: dict) -> str:
     return f"{label}{rule}: {per_path}"
 
 
+def _variant(spec: str) -> TurnJudge:
+    """``TurnJudge()`` with the fields of ``spec`` ("question_ends=1,unlikely_s=1.2") changed."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(TurnJudge)}
+    changes: dict[str, object] = {}
+    for part in filter(None, spec.split(",")):
+        name, _, raw = part.partition("=")
+        if name not in fields:
+            raise ValueError(f"TurnJudge has no {name!r}; it has {', '.join(fields)}")
+        default = getattr(TurnJudge(), name)
+        if isinstance(default, bool):
+            changes[name] = raw.lower() in ("1", "true", "yes", "on")
+        elif raw.lower() == "none":
+            changes[name] = None
+        else:
+            changes[name] = float(raw)
+    return replace(TurnJudge(), **changes)
+
+
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", default="clean,page,phone", help="comma-separated: clean, page, phone")
@@ -156,8 +176,19 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--long-asks", type=int, default=0, help="also this many long-answer asks per path (complete turns: 60)"
     )
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="score this change of the defaults beside them (e.g. question_ends=1); repeatable",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    try:
+        variants = [_variant(spec) for spec in args.also]
+    except (ValueError, TypeError) as exc:
+        parser.error(f"--also: {exc}")
     paths = [p for p in args.paths.split(",") if p]
     if not paths or set(paths) - {"clean", "page", "phone"}:
         parser.error("--paths takes clean, page and phone")
@@ -167,6 +198,8 @@ async def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     default = TurnJudge()
     print(line("the judge's defaults", default, score(recorded, default, "default", args.stop_secs)))
+    for spec, judge in zip(args.also, variants, strict=True):
+        print(line(f"the defaults with {spec}", judge, score(recorded, judge, spec, args.stop_secs)))
     chosen = choose(recorded, args.stop_secs, args.max_cuts)
     print(line(f"the grid's best at <= {args.max_cuts:.1%} cut", chosen[1], chosen[2]) if chosen else "no rule fits")
     voices = sorted({t.voice for items in recorded.values() for t, _ in items})

@@ -104,3 +104,14 @@ def test_doubted_words_or_a_sure_acoustic_verdict_shorten_an_unfinished_reading_
         TurnJudge(doubt_logprob=0.5)
     with pytest.raises(ValueError, match="rescue_acoustic must be a probability"):
         TurnJudge(rescue_acoustic=2.0)
+
+
+def test_a_question_mark_shortens_an_unfinished_reading_only_when_asked() -> None:
+    """Off by default: on the corpus Whisper writes "?" in mid-thought pauses too ("Could you send
+    me?"), and trusting it cut 8-9 of 42 pauses instead of 3-5 (docs/BENCHMARKS.md)."""
+    garbled = "How do I plan a merc-day party for 20 people on a mer-hit?"
+    assert TurnJudge().wait_s(garbled, None, 0.001) == TurnJudge().unlikely_s
+    asking = TurnJudge(question_ends=True)
+    assert asking.wait_s(garbled, None, 0.001) == asking.between_s
+    assert asking.wait_s("I need to cancel.", None, 0.001) == asking.unlikely_s  # not a question
+    assert asking.wait_s("Could you send me the", None, 0.9) == asking.continuing_s  # the cue still wins
