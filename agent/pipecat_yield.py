@@ -156,6 +156,7 @@ class YieldGate(FrameProcessor):
         self.downstream_ms: list[float] = []
         self._warned_rate = False
         self._fed = 0  # caller samples given to the VAD
+        self._onset_s: float | None = None  # the pause's onset in the VAD's audio time (our VAD's pauses)
 
     # ------------------------------------------------------------------ state
 
@@ -285,6 +286,8 @@ class YieldGate(FrameProcessor):
         for ev in self._vad.feed(frame.audio):
             if ev.kind == "onset":
                 self._yield(arrived - max(0.0, end_s - ev.onset_s), "vad")
+                if self._pause is not None and self._pause.trigger == "vad" and self._onset_s is None:
+                    self._onset_s = ev.onset_s
             elif ev.kind == "speech_start":
                 self._hold()  # real speech: wait for Pipecat's interruption, not the short window
             else:  # onset_dropped (a cough), speech_end (speech Pipecat did not take as a turn)
@@ -309,8 +312,25 @@ class YieldGate(FrameProcessor):
             f"already downstream, {self.held_ms:.0f} ms held"
         )
         self._cancel_timer()
-        self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._resume)
+        self._onset_s = None
+        self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._window_over)
         self._wake.set()
+
+    def _window_over(self) -> None:
+        """``resume_after_ms`` passed on the clock. Resume, unless the caller's audio since the onset
+        has not reached our VAD yet: on a loaded machine the audio frames queue behind the event
+        loop, the wall clock ran out before the VAD could confirm, and the bot came back for ~100 ms
+        over a caller who was talking (a room test under load with 2 % uplink loss). The window is
+        judged in the caller's audio time then, ``hold_max_ms`` at most."""
+        pause, vad = self._pause, self._vad
+        if pause is not None and vad is not None and self._onset_s is not None:
+            heard_s = self._fed / vad.params.sample_rate - self._onset_s
+            left_s = pause.paused_at + self.hold_max_s - time.monotonic()
+            if heard_s < self.resume_after_s and left_s > 0:
+                wait = min(left_s, max(0.02, self.resume_after_s - heard_s))
+                self._resume_timer = asyncio.get_running_loop().call_later(wait, self._window_over)
+                return
+        self._resume()
 
     def _hold(self) -> None:
         """Speech confirmed by a VAD: stay paused until the interruption, up to ``hold_max_ms`` (up to

@@ -165,6 +165,36 @@ async def test_speech_without_an_interruption_holds_the_pause_until_the_caller_s
     assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
 
 
+async def test_caller_audio_that_reaches_the_gate_late_does_not_resume_the_bot_over_the_caller(bot_audio, speech):
+    """A loaded machine: the caller's audio queues behind the event loop, so the pause's 500 ms ran
+    out on the clock while the VAD had heard only the onset; the bot came back for ~100 ms over the
+    caller (a room test, 2 % uplink loss, both cores busy). The window is the caller's audio time."""
+    gate = YieldGate(lead_ms=80, resume_after_ms=500)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    frames = bot_frames(bot_audio)
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
+    before = caller_frames(np.concatenate((silence(0.4), talk[: int(0.13 * SR)])))
+    stalled = [
+        f
+        for f in caller_frames(np.concatenate((talk[int(0.13 * SR) :], silence(0.6))))
+        if not isinstance(f, SleepFrame)
+    ]
+    after = caller_frames(silence(0.6))
+    sent_s = sum(len(f.audio) for f in frames) / 2 / SR
+    await run_test(
+        Pipeline([gate, player]),
+        frames_to_send=[*frames, *before, SleepFrame(sleep=0.8), *stalled, *after, SleepFrame(sleep=sent_s)],
+    )
+
+    y = gate.yields[0]
+    paused_s = y.ended_at - y.paused_at
+    print(f"\n[pipecat late audio] paused {1000 * paused_s:.0f} ms over an 800 ms stall of the caller's audio")
+    assert y.outcome == "resumed" and paused_s >= 0.8, (paused_s, len(gate.yields))  # not at 500 ms on the clock
+    assert len(gate.yields) == 1
+    assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
+
+
 def test_gate_validates_its_options():
     with pytest.raises(ValueError, match="lead_ms"):
         YieldGate(lead_ms=5)
