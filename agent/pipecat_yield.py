@@ -17,7 +17,8 @@ the server sent: streamvox paces ~400 ms ahead of real time, and the transport's
   confirms it: on ``InterruptionFrame`` the held audio and text are dropped (uninterruptible
   frames and control frames are kept) and the frame goes on to the transport. When no
   interruption comes - the VAD dropped the candidate (a cough), the caller stopped, or
-  ``resume_after_ms`` passed without a VAD confirming speech (``hold_max_ms`` when one did: a
+  ``resume_after_ms`` of the caller's audio passed without a VAD confirming speech (audio time,
+  not the clock: on a loaded machine the frames arrive late; ``hold_max_ms`` when a VAD did: a
   turn strategy such as min-words may wait for a transcript) - the gate **resumes** from the
   first frame it held back: nothing played twice, nothing lost, and the context gets only the
   words whose audio went out. (A first version resumed after ``resume_after_ms`` whatever the
