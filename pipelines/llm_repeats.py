@@ -48,13 +48,13 @@ class SentenceRepeats:
         if self.repeated or not piece:
             return ""
         out = ""
-        if self._closed and piece[:1].isspace():  # the sentence in ``current`` is complete
+        if self._closed and (piece[:1].isspace() or self.current[-1:].isspace()):  # ``current`` is complete
             out = self._complete()
             if self.repeated:
                 return ""
         self.current += piece
         self.held += piece
-        self._closed = self.current.rstrip("\"')]”’").endswith(_SENTENCE_END)
+        self._closed = self.current.rstrip().rstrip("\"')]”’").endswith(_SENTENCE_END)  # ".\n\n" too
         if not self._may_repeat():
             out, self.held = out + self.held, ""
         return out

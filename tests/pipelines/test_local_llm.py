@@ -637,3 +637,13 @@ def test_a_turn_that_reads_much_again_says_where_it_left_the_cache(llm: LocalLLM
     llm.stream(history, max_tokens=2, temperature=0.0, stop=threading.Event(), emit=len)
     lines = [r.getMessage() for r in caplog.records if "left the cache" in r.getMessage()]
     assert lines and "the prompt 'Something else" in lines[-1] and "assistant" in lines[-1], lines
+
+
+def test_a_paragraph_break_in_a_token_ends_a_sentence() -> None:
+    """Byte-level BPE writes ".\n\n" as one piece and the next word without a space."""
+    from pipelines.llm_repeats import SentenceRepeats
+
+    guard = SentenceRepeats()
+    pieces = ["Pack", " very", " light", ".\n\n", "Pack", " very", " light", ".\n\n", "Then", " go", "."]
+    out = "".join(guard.push(p) for p in pieces) + guard.flush()
+    assert out.strip() == "Pack very light." and guard.repeated, out
