@@ -286,15 +286,14 @@ class YieldGate(FrameProcessor):
         end_s = self._fed / frame.sample_rate  # the frame's last sample, in VAD audio time, arrived now
         for ev in self._vad.feed(frame.audio):
             if ev.kind == "onset":
-                self._yield(arrived - max(0.0, end_s - ev.onset_s), "vad")
-                if self._pause is not None and self._pause.trigger == "vad" and self._onset_s is None:
-                    self._onset_s = ev.onset_s
+                self._yield(arrived - max(0.0, end_s - ev.onset_s), "vad", onset_s=ev.onset_s)
             elif ev.kind == "speech_start":
                 self._hold()  # real speech: wait for Pipecat's interruption, not the short window
             else:  # onset_dropped (a cough), speech_end (speech Pipecat did not take as a turn)
                 self._speech_over()
 
-    def _yield(self, onset_at: float, trigger: Literal["vad", "pipecat_vad"]) -> None:
+    def _yield(self, onset_at: float, trigger: Literal["vad", "pipecat_vad"], onset_s: float | None = None) -> None:
+        """Pause at a caller's onset (``onset_s``: in our VAD's audio time, when it saw it)."""
         now = time.monotonic()
         if self._pause is not None or not self._bot_speaking(now):
             return
@@ -313,7 +312,7 @@ class YieldGate(FrameProcessor):
             f"already downstream, {self.held_ms:.0f} ms held"
         )
         self._cancel_timer()
-        self._onset_s = None
+        self._onset_s = onset_s
         self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._window_over)
         self._wake.set()
 

@@ -414,21 +414,23 @@ class LocalLLM:
             return FittedPrompt(ids)
         droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
 
-        def without(k: int) -> list[int]:
+        def without(k: int) -> str:
             gone = set(droppable[:k])
-            return self.tokenizer.encode_chat([m for i, m in enumerate(messages) if i not in gone])
+            return self.tokenizer.render([m for i, m in enumerate(messages) if i not in gone])
+
+        def plain(k: int) -> list[int]:
+            return self.tokenizer.tokenizer.encode(without(k), add_special_tokens=False).ids
 
         lo, hi = 1, len(droppable)  # the fewest drops that fit, by bisection (fewer drops: longer)
-        if not droppable or len(without(hi)) > room:
+        if not droppable or len(plain(hi)) > room:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; at most {room} fit this model's cache")
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if len(without(mid)) <= room else (mid + 1, hi)
+            lo, hi = (lo, mid) if len(plain(mid)) <= room else (mid + 1, hi)
         dropped = min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable))
-        gone = set(droppable[:dropped])
-        spelled = spelling.encode(self.tokenizer.render([m for i, m in enumerate(messages) if i not in gone]))
+        spelled = spelling.encode(without(dropped))
         # the window was sized with the plain encoding; the cached spelling is as long give or take a few
-        return FittedPrompt(spelled if len(spelled) <= room else without(dropped), dropped)
+        return FittedPrompt(spelled if len(spelled) <= room else plain(dropped), dropped)
 
     def _spelling(self) -> CachedSpelling:
         """The slots' conversations as they are now, to spell a prompt with their tokens
@@ -567,8 +569,7 @@ class LocalLLM:
         DEBUG line: a turn that reads more than its own words shows here why); empty if nowhere."""
         from .llm_chat import common_prefix
 
-        best = max((s.ids for s in self.engine.slots), key=lambda ids: common_prefix(ids, prompt), default=[])
-        n = common_prefix(best, prompt)
+        n, best = max(((common_prefix(s.ids, prompt), s.ids) for s in self.engine.slots), key=lambda m: m[0])
         if n == 0 or n >= len(best) or n >= len(prompt):
             return ""
 

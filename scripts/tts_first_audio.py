@@ -232,12 +232,12 @@ def report(result: Result) -> None:
 
 
 def _cut_list(text: str) -> list[int]:
-    try:
-        cuts = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"whole milliseconds separated by commas, not {text!r}") from None
-    if not cuts or any(not 0 < c <= 5000 for c in cuts) or len(set(cuts)) != len(cuts):
-        raise argparse.ArgumentTypeError(f"distinct values between 1 and 5000 ms, not {text!r}")
+    """``--first-cut-ms A,B``: each value as the server's own option takes it, no value twice."""
+    from tts_service.piper.serve import parse_first_cut_ms
+
+    cuts = [parse_first_cut_ms(v.strip()) for v in text.split(",") if v.strip()]
+    if not cuts or len(set(cuts)) != len(cuts):
+        raise argparse.ArgumentTypeError(f"distinct values separated by commas, not {text!r}")
     return cuts
 
 

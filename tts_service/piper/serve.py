@@ -37,7 +37,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--first-cut-ms",
-        type=_positive_ms,
+        type=parse_first_cut_ms,
         default=None,
         metavar="MS",
         help="before a context's first audio, text that has waited this long without a clause or sentence "
@@ -52,7 +52,8 @@ def _default_first_cut_s() -> float:
     return PiperSchedulerOptions().first_cut_s
 
 
-def _positive_ms(text: str) -> int:
+def parse_first_cut_ms(text: str) -> int:
+    """``--first-cut-ms``'s value (argparse type): whole milliseconds, 1 to 5000."""
     try:
         value = int(text)
     except ValueError:
@@ -90,12 +91,11 @@ def build(args: argparse.Namespace, *, metrics=None):
         engine = load_piper_engine(args.voice_path, device=args.device, threads=args.threads)
     except VoiceError as exc:
         raise EngineSetupError(str(exc)) from None
-    first_cut = getattr(args, "first_cut_ms", None)  # absent when another engine's parser built args
     options = PiperSchedulerOptions(
         lead_s=args.lead_ms / 1000,
         max_streams=args.max_streams,
         capacity=args.capacity,
-        **({} if first_cut is None else {"first_cut_s": first_cut / 1000}),
+        **({} if args.first_cut_ms is None else {"first_cut_s": args.first_cut_ms / 1000}),
     )
     return synthesizer(engine, options=options, metrics=metrics)
 
