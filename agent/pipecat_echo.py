@@ -46,6 +46,9 @@ from .runtime.echo import RATE, EchoCanceller, echo_transcript
 
 __all__ = ["PipecatEcho"]
 
+# a VAD run this far above the residue (median over its frames) is the caller's: the speakerphone
+# tests' caller runs measured 21-51 dB, residue runs of 150 ms or more mostly 11-19 (BENCHMARKS, "Echo")
+SURE_DB = 21.0
 PLAYED_WORDS_S = 8.0  # how far back a transcript is compared with the bot's words (delay + STT time)
 
 
@@ -80,6 +83,13 @@ class PipecatEcho:
     def located(self) -> bool:
         """Whether the canceller has found the bot's echo in the caller's audio on this call."""
         return self.canceller.delay.delay is not None
+
+    def surely_caller(self, seconds: float) -> bool:
+        """Whether the last ``seconds`` of the caller's audio stood clear of what the bot's echo can
+        leave (``SURE_DB`` above the residue the gate expects, or no echo possible): a VAD run in it
+        is the caller, not echo residue (the YieldGate's ``caller_sure``)."""
+        margin = self.canceller.caller_margin_db(seconds)
+        return margin is None or margin >= SURE_DB
 
     def interrupted(self) -> None:
         now = self._clock()

@@ -21,7 +21,10 @@ the server sent: streamvox paces ~400 ms ahead of real time, and the transport's
   not the clock: on a loaded machine the frames arrive late; ``hold_max_ms`` when a VAD did: a
   turn strategy such as min-words may wait for a transcript) - the gate **resumes** from the
   first frame it held back: nothing played twice, nothing lost, and the context gets only the
-  words whose audio went out. (A first version resumed after ``resume_after_ms`` whatever the
+  words whose audio went out. After a word-long run that nothing confirmed (``word_ms``), it first
+  waits ``lull_ms`` of the caller's silence: "Wait," and a breath before the rest of the sentence
+  is one barge-in, not a pause, the bot talking on over the breath, and a second pause.
+  (A first version resumed after ``resume_after_ms`` whatever the
   VAD said; in the WebRTC room test Pipecat's own VAD, with its ``min_volume``, sometimes fired
   later than that after ours, so the bot came back for a moment before the interruption; the
   runs: docs/BENCHMARKS.md, "Barge-in", in the record "Transport: audio downstream of a flush".)
@@ -96,6 +99,8 @@ class GateYield:
     segment: bool = False  # Pipecat's VAD started a segment in this pause: its decode is awaited
     stopped_at: float | None = None  # Pipecat's VAD stop in this pause
     decoded_at: float | None = None  # the last segment decode that ended in this pause
+    run_ms: float = 0.0  # the longest run of speech our VAD dropped in this pause (a cough, a word)
+    breaths: int = 0  # times the pause was kept through the caller's silence after a word (``lull_ms``)
 
     @property
     def yield_ms(self) -> float:
@@ -113,6 +118,10 @@ class YieldGate(FrameProcessor):
     after a decode that brought words. A caller Pipecat's VAD hears for ``talk_ms`` after its start
     is a caller, words or not (:meth:`start_strategy` starts the turn): what AEC3 leaves of a
     caller talking over the echo can decode to nothing, and the bot must not talk on over them.
+    ``lull_ms``: after a word-long run of speech (``word_ms`` or more) that no interruption followed,
+    the pause waits this long of the caller's silence for more before it resumes (0: at once);
+    ``caller_sure``, when given, is asked first with the run's seconds: False (what is left of a
+    speakerphone's echo can make runs as long as a word) resumes at once, as for a cough.
     """
 
     def __init__(
@@ -127,6 +136,9 @@ class YieldGate(FrameProcessor):
         decode_wait_ms: float = 1000.0,
         decode_max_ms: float = 1500.0,
         words_max_ms: float = 15000.0,
+        lull_ms: float = 600.0,
+        word_ms: float = 120.0,
+        caller_sure: Callable[[float], bool] | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -134,6 +146,8 @@ class YieldGate(FrameProcessor):
             raise ValueError(f"lead_ms must be >= 10 (the transport writes 10 ms chunks), got {lead_ms}")
         if resume_after_ms <= 0 or hold_max_ms <= 0:
             raise ValueError(f"resume_after_ms and hold_max_ms must be > 0, got {resume_after_ms}, {hold_max_ms}")
+        if lull_ms < 0 or word_ms < 0:
+            raise ValueError(f"lull_ms and word_ms must be >= 0, got {lull_ms}, {word_ms}")
         self.lead_s = lead_ms / 1000.0
         self.resume_after_s = resume_after_ms / 1000.0
         self.hold_max_s = max(hold_max_ms, resume_after_ms) / 1000.0
@@ -142,6 +156,9 @@ class YieldGate(FrameProcessor):
         self.decode_wait_s = decode_wait_ms / 1000.0
         self.decode_max_s = decode_max_ms / 1000.0
         self.words_max_s = words_max_ms / 1000.0
+        self.lull_s = lull_ms / 1000.0
+        self.word_s = word_ms / 1000.0
+        self.caller_sure = caller_sure
         self._pipecat_speaking = False  # between Pipecat's VAD start and stop frames
         self._vad: SileroVAD | None = vad if isinstance(vad, SileroVAD) else None
         self._want_vad = vad is not False
@@ -158,6 +175,10 @@ class YieldGate(FrameProcessor):
         self._warned_rate = False
         self._fed = 0  # caller samples given to the VAD
         self._onset_s: float | None = None  # the pause's onset in the VAD's audio time (our VAD's pauses)
+        self._window_s = self.resume_after_s  # how much caller audio from _onset_s before _window_over resumes
+        self._listen_at = 0.0  # the clock at the pause's latest onset: hold_max_ms counts from here
+        self._lull = False  # the pause waits out the caller's silence after a word
+        self._run_onset_s = 0.0  # our VAD's latest onset, in its audio time
 
     # ------------------------------------------------------------------ state
 
@@ -216,8 +237,9 @@ class YieldGate(FrameProcessor):
             self._pipecat_speaking = False
             if self._pause is not None:
                 self._pause.stopped_at = time.monotonic()
-            if self._vad is None or not self._vad.speaking:
-                self._speech_over()
+            if (self._vad is None or not self._vad.speaking) and not self._lull:
+                word = self._vad is not None and self._sure(self._heard_s() - self._run_onset_s)
+                self._speech_over(quiet_s=self._heard_s() if word else None)
         elif isinstance(frame, InterruptionFrame):
             self._interrupted()
             await self.push_frame(frame, direction)
@@ -286,11 +308,24 @@ class YieldGate(FrameProcessor):
         end_s = self._fed / frame.sample_rate  # the frame's last sample, in VAD audio time, arrived now
         for ev in self._vad.feed(frame.audio):
             if ev.kind == "onset":
-                self._yield(arrived - max(0.0, end_s - ev.onset_s), "vad", onset_s=ev.onset_s)
+                self._run_onset_s = ev.onset_s
+                if self._lull:
+                    self._listen(ev.onset_s)  # the caller goes on after a breath: the same pause
+                else:
+                    self._yield(arrived - max(0.0, end_s - ev.onset_s), "vad", onset_s=ev.onset_s)
             elif ev.kind == "speech_start":
                 self._hold()  # real speech: wait for Pipecat's interruption, not the short window
-            else:  # onset_dropped (a cough), speech_end (speech Pipecat did not take as a turn)
-                self._speech_over()
+            elif ev.kind == "onset_dropped":  # a cough, a blip of echo residue, or one short word
+                run_s = ev.decided_s - ev.onset_s
+                if self._pause is not None:
+                    self._pause.run_ms = max(self._pause.run_ms, 1000.0 * run_s)
+                # a blip after a word (the pause kept through a breath) is the caller's too
+                word = run_s >= self.word_s and self._sure(self._heard_s() - ev.onset_s)
+                word = word or (self._pause is not None and self._pause.breaths > 0)
+                self._speech_over(quiet_s=ev.decided_s if word else None)
+            else:  # speech_end: speech Pipecat did not take as a turn (yet)
+                word = self._sure(self._heard_s() - self._run_onset_s)
+                self._speech_over(quiet_s=ev.onset_s if word else None)
 
     def _yield(self, onset_at: float, trigger: Literal["vad", "pipecat_vad"], onset_s: float | None = None) -> None:
         """Pause at a caller's onset (``onset_s``: in our VAD's audio time, when it saw it)."""
@@ -307,27 +342,45 @@ class YieldGate(FrameProcessor):
             onset_at=min(onset_at, now), paused_at=now, quiet_at=now + downstream, trigger=trigger, by_words=by_words
         )
         self.yields.append(self._pause)
+        self._listen_at, self._lull = now, False
         logger.debug(
             f"{self}: yield ({trigger}{', words confirm' if by_words else ''}), {1000 * downstream:.0f} ms "
             f"already downstream, {self.held_ms:.0f} ms held"
         )
         self._cancel_timer()
-        self._onset_s = onset_s
+        self._onset_s, self._window_s = onset_s, self.resume_after_s
         self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._window_over)
         self._wake.set()
 
+    def _sure(self, seconds: float) -> bool:
+        """The last ``seconds`` of the caller's audio were surely the caller (``caller_sure``; yes without it)."""
+        return self.caller_sure is None or self.caller_sure(min(max(seconds, 0.05), 2.0))
+
+    def _heard_s(self) -> float:
+        """Caller audio our VAD has been given, in seconds: its clock."""
+        return self._fed / self._vad.params.sample_rate if self._vad is not None else 0.0
+
+    def _listen(self, onset_s: float) -> None:
+        """A new onset while the pause waits out a breath: listen to it as to the first
+        (``resume_after_ms`` of its audio for a VAD to confirm it, ``hold_max_ms`` from now)."""
+        self._lull, self._listen_at = False, time.monotonic()
+        self._cancel_timer()
+        self._onset_s, self._window_s = onset_s, self.resume_after_s
+        self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._window_over)
+
     def _window_over(self) -> None:
-        """``resume_after_ms`` passed on the clock. Resume, unless the caller's audio since the onset
-        has not reached our VAD yet: on a loaded machine the audio frames queue behind the event
-        loop, the wall clock ran out before the VAD could confirm, and the bot came back for ~100 ms
-        over a caller who was talking (a room test under load with 2 % uplink loss). The window is
-        judged in the caller's audio time then, ``hold_max_ms`` at most."""
+        """The window passed on the clock (``resume_after_ms`` from an onset, ``lull_ms`` from the end
+        of a word). Resume, unless the caller's audio since then has not reached our VAD yet: on a
+        loaded machine the audio frames queue behind the event loop, the wall clock ran out before
+        the VAD could confirm, and the bot came back for ~100 ms over a caller who was talking (a
+        room test under load with 2 % uplink loss). The window is judged in the caller's audio time
+        then, ``hold_max_ms`` at most."""
         pause, vad = self._pause, self._vad
         if pause is not None and vad is not None and self._onset_s is not None:
-            heard_s = self._fed / vad.params.sample_rate - self._onset_s
-            left_s = pause.paused_at + self.hold_max_s - time.monotonic()
-            if heard_s < self.resume_after_s and left_s > 0:
-                wait = min(left_s, max(0.02, self.resume_after_s - heard_s))
+            heard_s = self._heard_s() - self._onset_s
+            left_s = self._listen_at + self.hold_max_s - time.monotonic()
+            if heard_s < self._window_s and left_s > 0:
+                wait = min(left_s, max(0.02, self._window_s - heard_s))
                 self._resume_timer = asyncio.get_running_loop().call_later(wait, self._window_over)
                 return
         self._resume()
@@ -337,12 +390,21 @@ class YieldGate(FrameProcessor):
         ``words_max_ms`` while a pause waits for words: the caller may talk on, then the decode)."""
         if self._pause is not None:
             self._cancel_timer()
+            self._lull = False
             longest = self.words_max_s if self._pause.by_words else self.hold_max_s
-            left = self._pause.paused_at + longest - time.monotonic()
+            left = max(self._pause.paused_at, self._listen_at) + longest - time.monotonic()
             self._resume_timer = asyncio.get_running_loop().call_later(max(0.0, left), self._resume)
 
-    def _speech_over(self) -> None:
-        """The caller stopped (or the onset was dropped): resume, unless a segment's words are awaited."""
+    def _speech_over(self, quiet_s: float | None = None) -> None:
+        """The caller stopped (or the onset was dropped): resume, unless a segment's words are awaited
+        or the caller said a word and may go on (``quiet_s``: when their silence began, in our VAD's
+        audio time; None for a blip, which resumes at once).
+
+        A caller who barges in with "Wait," and a breath before the rest says a word too short for
+        any VAD to confirm (``min_speech_ms`` 200 ms, Pipecat's ``start_secs`` the same): resumed
+        at once, the bot talked on through the breath and was stopped only by what came after. So
+        after a word-long run the pause waits ``lull_ms`` of the caller's silence for more, and an
+        onset in it continues the same pause (:meth:`_listen`)."""
         pause = self._pause
         if pause is not None and pause.by_words and pause.segment:
             # the segment's decode decides (segment_decoded), within decode_wait_ms of Pipecat's VAD stop:
@@ -351,6 +413,14 @@ class YieldGate(FrameProcessor):
             if not self._pipecat_speaking and pause.decoded_at is None:
                 self._cancel_timer()
                 self._resume_timer = asyncio.get_running_loop().call_later(self.decode_wait_s, self._resume)
+            return
+        if pause is not None and quiet_s is not None and self.lull_s > 0:
+            pause.breaths += 1
+            self._lull = True
+            self._cancel_timer()
+            self._onset_s, self._window_s = quiet_s, self.lull_s
+            wait = max(0.02, self.lull_s - (self._heard_s() - quiet_s))
+            self._resume_timer = asyncio.get_running_loop().call_later(wait, self._window_over)
             return
         self._resume()
 
@@ -370,6 +440,7 @@ class YieldGate(FrameProcessor):
 
     def _resume(self) -> None:
         pause, self._pause = self._pause, None
+        self._lull = False
         self._cancel_timer()
         if pause is None:
             return
@@ -390,6 +461,7 @@ class YieldGate(FrameProcessor):
         self._held = kept
         self._released_until = time.monotonic()  # the transport resets its queue too
         pause, self._pause = self._pause, None
+        self._lull = False
         self._cancel_timer()
         if pause is not None:
             pause.outcome, pause.ended_at, pause.dropped_ms = "interrupted", time.monotonic(), 1000.0 * dropped

@@ -113,6 +113,9 @@ class AgentConfig:
     # (their words, or 0.6 s more of speech: what is left of the echo pauses the bot instead of cutting
     # it, at the cost of a slower barge-in; docs/BENCHMARKS.md, "Echo")
     barge_in_confirm: str = "vad"
+    # STREAMVOX_BARGE_IN_LULL_MS: after a caller's word that nothing confirmed yet ("Wait," and a breath),
+    # the YieldGate keeps the bot paused this long of the caller's silence for more (0: resumes at once)
+    barge_in_lull_ms: float = 600.0
     tts_api_key: str | None = None  # STREAMVOX_API_KEY: the key the TTS server demands, if any
     frame_log: str | None = None  # STREAMVOX_FRAME_LOG: each call appends its frame timeline here (pipecat_frame_log)
     room: RoomLimits = field(default_factory=RoomLimits)  # calls at once, origins, deadlines
@@ -138,6 +141,7 @@ class AgentConfig:
             end_of_turn=end_of_turn_mode(env),
             phone_stt=phone_stt_rule(env),
             barge_in_confirm=barge_in_confirm_mode(env),
+            barge_in_lull_ms=barge_in_lull_ms(env),
             frame_log=env.get("STREAMVOX_FRAME_LOG") or None,
         )
 
@@ -183,6 +187,20 @@ def barge_in_confirm_mode(env) -> str:
             f"got {env.get('STREAMVOX_BARGE_IN_CONFIRM')!r}"
         )
     return raw
+
+
+def barge_in_lull_ms(env) -> float:
+    """STREAMVOX_BARGE_IN_LULL_MS (default 600), 0-2000; ValueError with a one-line reason otherwise."""
+    raw = env.get("STREAMVOX_BARGE_IN_LULL_MS", "").strip()
+    if not raw:
+        return AgentConfig.barge_in_lull_ms
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 2000.0:
+        raise ValueError(f"STREAMVOX_BARGE_IN_LULL_MS must be milliseconds from 0 to 2000, got {raw!r}")
+    return value
 
 
 def turn_words(config: AgentConfig):
@@ -306,7 +324,14 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     # more speech) confirm a pause, not a VAD start: what is left of the echo can pass the VAD as
     # speech and cut the bot; not the default, a caller over the echo is then heard later (BENCHMARKS "Echo")
     by_words = echo is not None and config.barge_in_confirm == "words"
-    gate = YieldGate(lead_ms=GATE_LEAD_MS, words_confirm=echo.located if by_words else None)
+    # a breath after a caller's word keeps the pause (STREAMVOX_BARGE_IN_LULL_MS), on a call with an echo
+    # canceller only where the word stood clear of what the echo leaves (residue runs are word-long too)
+    gate = YieldGate(
+        lead_ms=GATE_LEAD_MS,
+        words_confirm=echo.located if by_words else None,
+        lull_ms=config.barge_in_lull_ms,
+        caller_sure=echo.surely_caller if echo is not None else None,
+    )
     if by_words:
         strategies.start = [gate.start_strategy(), TranscriptionUserTurnStartStrategy()]
     user_params = LLMUserAggregatorParams(

@@ -85,6 +85,9 @@ TALK_HOLD, TALK_HOLD_LINEAR = 5, 30
 ADAPT_AFTER = 30  # frames after the caller was last heard before the linear model learns again
 TALK_MAX = 400  # frames of double talk in a row after which the linear model is no longer relied on
 BAND_HZ = (200.0, 3400.0)  # what the delay estimator compares: the band of every path, phones included
+NO_ECHO_DB = 60.0  # the margin of a frame no echo can be in (no bot audio arriving, none located, double talk)
+MARGIN_FRAMES = 200  # 2 s of frames' margins kept for caller_margin_db
+TAIL = RATE // 2  # samples after the bot's audio stops arriving in which a room's echo still rings
 
 
 def _db(x: np.ndarray) -> float:
@@ -432,6 +435,11 @@ class EchoCanceller:
         # mutes everything at first, lets echo through while it converges, then cancels well)
         self._erle = deque(maxlen=30)
         self._erle_long = deque(maxlen=300)  # the same over ~3 s of echo: what a converged AEC3 does
+        # (sample clock, dB above the residue the gate expects) of each audible frame handed on
+        self._margins: deque[tuple[int, float]] = deque(maxlen=MARGIN_FRAMES)
+        self._margin = NO_ECHO_DB  # the frame being judged's
+        self._last_far = -TAIL  # sample clock of the last frame the bot's audio was arriving in
+        self._residue_db = _FLOOR_DB  # the residue the gate expected there (predicted - erle)
         self.stats = EchoStats()
 
     # ---------------------------------------------------------------- far end
@@ -483,13 +491,33 @@ class EchoCanceller:
         m16 = (np.clip(mic, -1, 1) * 32767).astype(np.int16)
         out = np.asarray(self._aec.process(m16, r16), np.int16).reshape(-1).astype(np.float32) / 32768.0
         self.stats.frames += 1
+        self._margin = NO_ECHO_DB
         judged = self._judge(at, mic, out)
         if self.delay.delay is None and self.stats.far_frames >= ABSENT_FRAMES:
             # No echo found in seconds of the bot talking: headphones, or a device that cancels
             # its own. AEC3 (never converged) would still duck a caller who talks over the bot,
             # so the caller's audio passes as it came; AEC3 keeps running should echo appear.
-            return mic
+            judged, self._margin = mic, NO_ECHO_DB
+        if _db(judged) > self._floor_db + 10.0:  # audible: what a VAD downstream may take for speech
+            self._margins.append((at, self._margin))
         return judged
+
+    def caller_margin_db(self, seconds: float) -> float | None:
+        """How surely the audio handed on over the last ``seconds`` is the caller, not the bot's echo:
+        the median, over its audible frames, of how far each was above the echo residue the gate
+        expects (``NO_ECHO_DB`` where no echo can be: no bot audio arriving, none located, double
+        talk). None when nothing audible was handed on.
+
+        What it is for: a VAD run over the bot's echo may be the caller or what is left of the echo,
+        and their lengths overlap (a speakerphone call's residue runs 60-390 ms, a caller's "Wait,"
+        130-220 ms), but their levels do not as much: the caller's frames stand well above the
+        residue the gate lets through (docs/BENCHMARKS.md, "Echo").
+        """
+        if not self._margins:
+            return None
+        last = self._margins[-1][0]
+        recent = [m for at, m in self._margins if at > last - seconds * RATE]
+        return float(np.median(recent)) if recent else None
 
     def _estimate(self, now: int) -> None:
         """Re-estimate the bulk delay from the last window, when the bot was audible in it."""
@@ -570,8 +598,11 @@ class EchoCanceller:
             self._linear_step(at, mic)  # its reference history stays continuous
             self._talk_hold = 0
             self._far_since = None
+            if at - self._last_far < TAIL:  # the room's echo still rings: no surer than its last residue
+                self._margin = out_db - self._residue_db
             return out  # no bot audio arriving: nothing to judge
         self.stats.far_frames += 1
+        self._last_far = at
         if self._far_since is None:
             self._far_since = at
         # how loud the echo gets against the bot: a high percentile of the frames below (a caller
@@ -629,6 +660,8 @@ class EchoCanceller:
         if self.gate_residue and out_db < predicted - erle + self.residue_margin_db:
             self.stats.muted_frames += 1
             return np.zeros_like(out)
+        self._residue_db = predicted - erle
+        self._margin = out_db - self._residue_db
         return out
 
     def _caller_over_bot(

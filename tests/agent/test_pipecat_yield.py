@@ -148,21 +148,53 @@ async def test_pipecat_interruption_confirms_the_yield_and_drops_the_held_audio(
 
 async def test_speech_without_an_interruption_holds_the_pause_until_the_caller_stops(bot_audio, speech):
     """Our VAD confirmed speech but no interruption came (a turn strategy may wait for words):
-    the gate stays quiet past ``resume_after_ms`` while the caller talks, then resumes."""
-    gate = YieldGate(lead_ms=80, resume_after_ms=300)
+    the gate stays quiet past ``resume_after_ms`` while the caller talks, then waits ``lull_ms``
+    of their silence (they may go on) and resumes."""
+    gate = YieldGate(lead_ms=80, resume_after_ms=300, hold_max_ms=3000, lull_ms=600)
     player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
     frames = bot_frames(bot_audio)
     start, _ = speech.bounds()
     talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
-    caller = caller_frames(np.concatenate((silence(0.4), talk, silence(0.6))))
+    caller = caller_frames(np.concatenate((silence(0.4), talk, silence(1.2))))
     sent_s = sum(len(f.audio) for f in frames) / 2 / SR
     await run_test(Pipeline([gate, player]), frames_to_send=[*frames, *caller, SleepFrame(sleep=sent_s)])
 
     (y,) = gate.yields
     paused_s = y.ended_at - y.paused_at
     print(f"\n[pipecat held] paused {1000 * paused_s:.0f} ms over 1000 ms of caller speech")
-    assert y.outcome == "resumed" and 0.9 <= paused_s <= 2.0
+    # 1.0 s of speech and the 0.6 s breath (the VAD's decisions add a window or two); well short of
+    # hold_max_ms, which a pause that never resumed on its own would have run to
+    assert y.outcome == "resumed" and y.breaths == 1 and 1.4 <= paused_s <= 2.4, paused_s
     assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))
+
+
+@pytest.mark.parametrize("lull_ms", [600.0, 0.0])
+async def test_a_word_then_a_breath_keeps_the_bot_paused(bot_audio, speech, lull_ms):
+    """ "Wait," then a breath, then the question: one pause over all of it, not a pause that resumed
+    in the breath (the bot talking on over the caller's "can you...") and a second one. A speakerphone
+    caller met the latter: silent at the ear 0.75-0.8 s after the onset instead of 0.2 s. With
+    ``lull_ms=0`` (the gate before) the same caller gets the resume, so this test can tell."""
+    from sim.barge_in import synthesize_speech
+
+    gate = YieldGate(lead_ms=80, lull_ms=lull_ms)
+    player = RecordingPlayer(sample_rate=SR, ahead_s=0.02)
+    frames = bot_frames(bot_audio)
+    wait = synthesize_speech("Wait,", sample_rate=SR, peak=0.5)
+    start, _ = speech.bounds()
+    talk = speech.at(SR)[int(start * SR) : int((start + 1.0) * SR)]
+    # the rendered "Wait," ends in ~0.19 s of its own silence: a breath of ~0.45 s in all, as the
+    # speakerphone caller's (Piper's comma)
+    caller = caller_frames(np.concatenate((silence(0.4), wait, silence(0.25), talk, silence(1.2))))
+    sent_s = sum(len(f.audio) for f in frames) / 2 / SR
+    await run_test(Pipeline([gate, player]), frames_to_send=[*frames, *caller, SleepFrame(sleep=sent_s)])
+
+    outcomes = [(y.outcome, round(y.ended_at - y.paused_at, 2), y.breaths) for y in gate.yields]
+    print(f"\n[pipecat word, breath] lull {lull_ms:.0f} ms: pauses {outcomes}")
+    if lull_ms:
+        assert len(gate.yields) == 1 and gate.yields[0].breaths >= 2, outcomes  # after "Wait," and after the rest
+    else:
+        assert len(gate.yields) == 2, outcomes
+    assert voiced(b"".join(player.audio)) == voiced(b"".join(f.audio for f in frames))  # nothing lost either way
 
 
 async def test_caller_audio_that_reaches_the_gate_late_does_not_resume_the_bot_over_the_caller(bot_audio, speech):

@@ -37,7 +37,7 @@ async def _speakerphone_call(engine, echo_db: float, utterance: str, echo_cancel
     ``echo_db``, through a small room) calling the demo with the long ``GREETING``. Yields (the
     caller, ``utterance`` as the line carries it, the agents, the LLM's requests) while the caller's
     send and receive tasks run."""
-    from pipelines.pipecat_agent import AgentConfig, barge_in_confirm_mode, phone_stt_rule
+    from pipelines.pipecat_agent import AgentConfig, barge_in_confirm_mode, barge_in_lull_ms, phone_stt_rule
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     async with counting_server(engine) as tts_server, fake_llm() as (llm_url, llm_requests):
@@ -50,6 +50,7 @@ async def _speakerphone_call(engine, echo_db: float, utterance: str, echo_cancel
             echo_cancel=echo_cancel,
             phone_stt=phone_stt_rule(os.environ),  # STREAMVOX_PHONE_STT: measured both ways (BENCHMARKS, "Echo")
             barge_in_confirm=barge_in_confirm_mode(os.environ),  # STREAMVOX_BARGE_IN_CONFIRM: the same
+            barge_in_lull_ms=barge_in_lull_ms(os.environ),  # STREAMVOX_BARGE_IN_LULL_MS: the same
         )
         async with room_server(config) as (base, agents):
             async with websockets.connect(base.replace("http://", "ws://") + "/ws") as ws:
@@ -71,15 +72,17 @@ def _paused_s(pause) -> float:
 
 
 def _pauses(pauses) -> str:
-    """Each pause, for the printed line: trigger, w (waits for words), s (a VAD segment in it), outcome,
-    how long, and the wait for the decode after Pipecat's VAD stop."""
+    """Each pause, for the printed line: trigger, w (waits for words), s (a VAD segment in it), b (kept
+    through the caller's breath after a word, once per b), outcome, how long, the wait for the
+    decode after Pipecat's VAD stop, and the longest run of speech our VAD dropped in it."""
     out = []
     for p in pauses:
-        flags = ("w" if p.by_words else "") + ("s" if p.segment else "")
+        flags = ("w" if p.by_words else "") + ("s" if p.segment else "") + ("b" * p.breaths)
         decode = ""
         if p.stopped_at is not None and p.decoded_at is not None:
             decode = f" decode {p.decoded_at - p.stopped_at:.2f}"
-        out.append(f"{p.trigger}{'/' + flags if flags else ''} {p.outcome} {_paused_s(p):.2f}{decode}")
+        run = f" run {p.run_ms / 1000:.2f}" if p.run_ms else ""
+        out.append(f"{p.trigger}{'/' + flags if flags else ''} {p.outcome} {_paused_s(p):.2f}{decode}{run}")
     return "; ".join(out)
 
 
@@ -156,8 +159,13 @@ async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None
 
 
 def test_echo_mode_setting() -> None:
-    from pipelines.pipecat_agent import barge_in_confirm_mode, echo_mode
+    from pipelines.pipecat_agent import barge_in_confirm_mode, barge_in_lull_ms, echo_mode
 
+    assert barge_in_lull_ms({}) == 600.0
+    assert barge_in_lull_ms({"STREAMVOX_BARGE_IN_LULL_MS": " 0 "}) == 0.0
+    for bad in ("-5", "3000", "soon"):
+        with pytest.raises(ValueError, match=f"LULL_MS must be milliseconds from 0 to 2000, got '{bad}'"):
+            barge_in_lull_ms({"STREAMVOX_BARGE_IN_LULL_MS": bad})
     assert barge_in_confirm_mode({}) == "vad"
     assert barge_in_confirm_mode({"STREAMVOX_BARGE_IN_CONFIRM": " Words "}) == "words"
     with pytest.raises(ValueError, match="STREAMVOX_BARGE_IN_CONFIRM must be vad or words, got 'asr'"):
