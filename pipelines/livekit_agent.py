@@ -407,6 +407,7 @@ server = AgentServer(setup_fnc=prewarm)
 @server.rtc_session()
 async def entrypoint(ctx: JobContext) -> None:
     mode = echo_mode(os.environ)
+    mode = "phone" if mode == "auto" else mode  # a room participant's page does not tell its echo mode here
     # "phone" asks who the caller is (a SIP participant or not) before the session starts; the
     # console (a fake job: no room to wait in) is local audio, which LiveKit's own APM cancels there
     participant = await ctx.wait_for_participant() if mode == "phone" and not ctx.is_fake_job() else None

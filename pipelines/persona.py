@@ -61,14 +61,16 @@ def env_number(
     return value
 
 
-ECHO_MODES = ("phone", "on", "off")
+ECHO_MODES = ("auto", "phone", "on", "off")
 
 
-def echo_mode(env: Mapping[str, str] = os.environ) -> str:
-    """``STREAMVOX_ECHO_CANCEL`` (default "phone"), where the agent removes its own echo: "phone" (the
-    Pipecat agent: phone calls; the LiveKit worker: SIP participants), "on" (every call), "off".
-    ValueError with a one-line reason for anything else."""
-    raw = env.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or "phone"
+def echo_mode(env: Mapping[str, str] = os.environ, default: str = "phone") -> str:
+    """``STREAMVOX_ECHO_CANCEL`` (``default`` when unset: each agent passes its own), where the agent
+    removes its own echo: "auto" (the Pipecat agent: phone calls, and page calls whose page asks the
+    browser for echo cancellation, i.e. does not say headphones; the LiveKit worker reads it as
+    "phone"), "phone" (the Pipecat agent: phone calls; the LiveKit worker: SIP participants), "on"
+    (every call), "off". ValueError with a one-line reason for anything else."""
+    raw = env.get("STREAMVOX_ECHO_CANCEL", "").strip().lower() or default
     if raw not in ECHO_MODES:
         raise ValueError(
             f"STREAMVOX_ECHO_CANCEL must be one of {', '.join(ECHO_MODES)}, got {env.get('STREAMVOX_ECHO_CANCEL')!r}"

@@ -94,8 +94,9 @@ class AgentConfig:
     system_prompt: str = SYSTEM_PROMPT
     greeting: str | None = GREETING
     # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.runtime.echo):
-    # "phone" (the default: speakerphones and line echo), "on" (the page too), "off"
-    echo_cancel: str = "phone"
+    # "auto" (the default: phone calls, and page calls on loudspeakers, i.e. whose page asks the browser for
+    # echo cancellation), "phone" (phone calls only: the default until 12-05), "on" (every call), "off"
+    echo_cancel: str = "auto"
     # STREAMVOX_SPECULATE=on|text|off: the reply's LLM inference starts at the first transcript after
     # a VAD stop (pipelines.pipecat_turns); "on": its audio too, held after the TTS until the end of
     # turn confirms it (agent.pipecat_speculation); "text": its text held in the LLM (Pipecat's own)
@@ -135,7 +136,7 @@ class AgentConfig:
             stt_model=env.get("STT_MODEL") or None,
             system_prompt=system_prompt(env),
             greeting=greeting(env),
-            echo_cancel=echo_mode(env),
+            echo_cancel=echo_mode(env, default=cls.echo_cancel),
             speculate=speculate_mode(env) != "off",
             speculate_audio=speculate_mode(env) == "on",
             end_of_turn=end_of_turn_mode(env),
@@ -303,8 +304,31 @@ def turn_strategies(
     return UserTurnStrategies(stop=[stop])
 
 
-def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = False, services=None) -> Agent:
-    """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it)."""
+def cancels_echo(mode: str, *, phone: bool, page_echo: str | None = None) -> bool:
+    """Whether a call gets the agent's echo canceller, by ``STREAMVOX_ECHO_CANCEL`` and the call.
+
+    "auto" (the default) cancels on phone calls and on page calls whose page asks the browser for
+    echo cancellation (loudspeakers: the page's default), not with headphones, nor for a WebRTC
+    client that did not say: on loudspeakers a browser whose canceller lets the echo through made the
+    agent stop or answer itself ~16 times in 30 s, ours took that to 0-3 a session; with no echo at
+    all, ours can duck a caller who talks over the call's first second of bot audio, before it can
+    tell that there is none (docs/BENCHMARKS.md, "Echo").
+    """
+    if mode in ("on", "off"):
+        return mode == "on"
+    return phone or (mode == "auto" and page_echo == "browser-aec")
+
+
+def build_agent(
+    transport: BaseTransport,
+    config: AgentConfig,
+    *,
+    phone: bool = False,
+    page_echo: str | None = None,
+    services=None,
+) -> Agent:
+    """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it;
+    ``page_echo``: the page's echo mode, "browser-aec" or "raw-mic", where it said one)."""
     stt, llm, tts = services or make_services(config)
     # On the phone line the short window's own rule: a caller's unsure segment no longer waits seconds
     # for the full window's decode (which often returned nothing); measured against the speakerphone's
@@ -315,9 +339,9 @@ def build_agent(transport: BaseTransport, config: AgentConfig, *, phone: bool = 
     strategies = turn_strategies(speculate=config.speculate, end_of_turn=config.end_of_turn, words=turn_words(config))
     # the bot's own voice back in the caller's microphone (loudspeakers, speakerphones, line echo) is
     # removed before the VAD and the STT read it, with what the transport played as the reference
-    # (on the page, not by default: with no echo to find, a false one found under a caller who talks
-    # over the bot lets AEC3 duck that caller, and the browser test's barge-in then failed; BENCHMARKS)
-    echo = PipecatEcho() if config.echo_cancel == "on" or (config.echo_cancel == "phone" and phone) else None
+    # (on the page only on loudspeakers, by default: with no echo to find, a false one found under a caller
+    # who talks over the bot's first second lets AEC3 duck that caller; cancels_echo, BENCHMARKS)
+    echo = PipecatEcho() if cancels_echo(config.echo_cancel, phone=phone, page_echo=page_echo) else None
     # YieldGate: bot audio reaches the transport only GATE_LEAD_MS ahead of the clock, and pauses at the
     # caller's first speech window until Pipecat's interruption confirms it (or resumes). With
     # STREAMVOX_BARGE_IN_CONFIRM=words, where the canceller has located an echo, the caller's words (or
@@ -399,8 +423,8 @@ def room_app(config: AgentConfig, *, on_agent=None, parts=None, prompts: VoicePr
     """
     prompts = prompts or VoicePrompts(config.tts_url, api_key=config.tts_api_key)
 
-    def make(transport: BaseTransport, phone: bool) -> Agent:
-        agent = build_agent(transport, config, phone=phone)
+    def make(transport: BaseTransport, phone: bool, page_echo: str | None = None) -> Agent:
+        agent = build_agent(transport, config, phone=phone, page_echo=page_echo)
         # a lost turn is apologised for, and a written-off service gets the next turn (pipelines.pipecat_call_guard)
         fmt = PHONE_PCM if phone else WEB_PCM
         agent.worker.add_observer(CallGuard(tts=agent.tts, output=transport.output(), prompts=prompts, fmt=fmt))

@@ -71,7 +71,9 @@ class RoomAgent(Protocol):
 
 
 # (transport, phone) -> agent; ``phone``: the transport is an 8 kHz phone line
-AgentFactory = Callable[[BaseTransport, bool], RoomAgent]
+# (transport, phone, the page's echo mode: "browser-aec" | "raw-mic" | None when it did not say) -> agent
+AgentFactory = Callable[[BaseTransport, bool, str | None], RoomAgent]
+PAGE_ECHO_MODES = ("browser-aec", "raw-mic")  # what the page sends in /start (pipelines/web/app.js)
 # -> the "all lines are busy" message as 8 kHz mu-law (None: hang up without a word)
 BusyClip = Callable[[], Awaitable[bytes | None]]
 # -> {part name: up?} for /readyz (the TTS server, the LLM)
@@ -172,6 +174,7 @@ def build_room_app(
     limits = limits or RoomLimits()
     handler = SmallWebRTCRequestHandler()
     sessions: dict[str, float] = {}  # /start session id -> last use (monotonic), oldest first
+    page_echo: dict[str, str] = {}  # /start session id -> the page's echo mode, where it said one
     lines = Lines(limits.max_calls)
     live_pcs: set[str] = set()  # peer connections with an agent (an offer naming one renegotiates)
     tasks: set[asyncio.Task] = set()
@@ -236,6 +239,8 @@ def build_room_app(
             del sessions[sid]
         while len(sessions) >= limits.max_sessions:  # the oldest make room
             del sessions[next(iter(sessions))]
+        for sid in [s for s in page_echo if s not in sessions]:
+            del page_echo[sid]
 
     def use_session(session_id: str) -> bool:
         used = sessions.pop(session_id, None)
@@ -247,7 +252,7 @@ def build_room_app(
     @app.post("/start")
     async def start(request: Request) -> Response:
         try:
-            await read_json(request, limits.max_body_bytes)
+            data = await read_json(request, limits.max_body_bytes)
             if lines.full:
                 raise lines.busy()
         except Refusal as refusal:
@@ -255,6 +260,10 @@ def build_room_app(
         prune_sessions()
         session_id = str(uuid.uuid4())
         sessions[session_id] = time.monotonic()
+        body = data.get("body") if isinstance(data, dict) else None
+        mode = body.get("echo_mode") if isinstance(body, dict) else None
+        if mode in PAGE_ECHO_MODES:  # anything else: the page did not say (older pages, other clients)
+            page_echo[session_id] = mode
         return JSONResponse({"sessionId": session_id})
 
     async def reap_unconnected(connection: SmallWebRTCConnection, agent: RoomAgent, call: asyncio.Task) -> None:
@@ -271,7 +280,7 @@ def build_room_app(
         except Exception as exc:  # already closing: nothing more to free
             logger.debug(f"room: closing {connection.pc_id}: {exc}")
 
-    async def offer(data) -> dict:
+    async def offer(data, echo_mode: str | None = None) -> dict:
         checked = check_offer(data)  # before anything is built for it
         renegotiation = checked["pc_id"] is not None and checked["pc_id"] in live_pcs
         if not renegotiation and not lines.take():
@@ -282,7 +291,7 @@ def build_room_app(
             nonlocal built
             params = TransportParams(audio_in_enabled=True, audio_out_enabled=True)
             transport = SmallWebRTCTransport(webrtc_connection=connection, params=params)
-            agent = make_agent(transport, False)
+            agent = make_agent(transport, False, echo_mode)
             built = True
             call = background(run_call(agent))
             pc_id = connection.pc_id
@@ -308,11 +317,11 @@ def build_room_app(
             raise Refusal(400, f"an ICE candidate was refused: {exc}") from None
         return {"status": "success"}
 
-    async def signalling(request: Request, patch: bool) -> Response:
+    async def signalling(request: Request, patch: bool, echo_mode: str | None = None) -> Response:
         """Offer or candidates; malformed input is a 4xx with the reason, not a traceback."""
         try:
             data = await read_json(request, limits.max_body_bytes)
-            return JSONResponse(await candidates(data) if patch else await offer(data))
+            return JSONResponse(await candidates(data) if patch else await offer(data, echo_mode))
         except Refusal as refusal:
             return _refused(refusal)
 
@@ -330,7 +339,7 @@ def build_room_app(
             return JSONResponse({"error": "unknown or expired session id; POST /start first"}, status_code=404)
         if not path.endswith("api/offer"):
             return Response(status_code=200)
-        return await signalling(request, patch=request.method == "PATCH")
+        return await signalling(request, patch=request.method == "PATCH", echo_mode=page_echo.get(session_id))
 
     async def busy_line(websocket: WebSocket, call) -> None:
         """Every line is taken: say so (when a clip is at hand), then hang up. Closing the stream
@@ -378,7 +387,7 @@ def build_room_app(
             with contextlib.suppress(RuntimeError, OSError):
                 await busy_line(websocket, call)
             return
-        await run_call(make_agent(twilio_transport_for(websocket, call), True))
+        await run_call(make_agent(twilio_transport_for(websocket, call), True, None))
 
     return app
 

@@ -355,16 +355,21 @@ class WebRTCCall:
 
 
 @contextlib.asynccontextmanager
-async def webrtc_call(http, base: str, *, loss_every: int = 0, before_offer=None) -> AsyncIterator[WebRTCCall]:
+async def webrtc_call(
+    http, base: str, *, loss_every: int = 0, before_offer=None, echo_mode: str | None = None
+) -> AsyncIterator[WebRTCCall]:
     """Call the demo room at ``base`` as a browser would (``/start``, then the SDP offer) over aiortc.
 
     ``loss_every``: the uplink drops every N-th RTP packet. ``before_offer()`` runs after the
     caller's own receiver exists and before the agent makes its one (module-level aiortc settings).
+    ``echo_mode``: what the page says in ``/start`` ("browser-aec" on loudspeakers, "raw-mic" with
+    headphones); None says nothing, as a client other than the page.
     """
     import numpy as np
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
-    async with http.post(f"{base}/start", json={}) as resp:
+    start = {} if echo_mode is None else {"body": {"echo_mode": echo_mode}}
+    async with http.post(f"{base}/start", json=start) as resp:
         session = (await resp.json())["sessionId"]
     call = WebRTCCall(RTCPeerConnection(), Microphone(), LossyUplink(loss_every))
     call.pc.addTrack(call.mic)

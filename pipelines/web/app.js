@@ -94,12 +94,13 @@ ui.headphones.addEventListener("change", () => {
   if (conn.pc) info("The headphones setting applies from the next Connect.");
 });
 
-// Which echo mode the page is in: the browser cancels echo before sending, or it sends the raw
-// microphone and leaves the echo to the agent.
+// Which echo mode the page is in (sent in /start): on loudspeakers the browser cancels echo before
+// sending and the agent cancels what it lets through (STREAMVOX_ECHO_CANCEL=auto, the demo's default);
+// with headphones the page sends the raw microphone and nobody cancels (there is no echo).
 const echoModeOf = (headphones) => (headphones ? "raw-mic" : "browser-aec");
 function showEchoMode() {
   const mode = conn.pc && svx.echoMode ? svx.echoMode : echoModeOf(ui.headphones.checked);
-  ui.echoMode.textContent = mode === "raw-mic" ? "echo: raw microphone, the agent cancels" : "echo: the browser's echo cancellation is on";
+  ui.echoMode.textContent = mode === "raw-mic" ? "echo: raw microphone (headphones: none to cancel)" : "echo: cancelled by the browser, and what it lets through by the agent";
   ui.echoMode.dataset.mode = mode;
 }
 showEchoMode();

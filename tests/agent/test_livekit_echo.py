@@ -211,7 +211,7 @@ async def test_the_worker_cancels_echo_for_sip_callers_by_default_and_drops_the_
     assert cancels_echo_of(sip, "phone") and not cancels_echo_of(browser, "phone")
     assert cancels_echo_of(browser, "on") and not cancels_echo_of(sip, "off")
     monkeypatch.setenv("STREAMVOX_ECHO_CANCEL", "maybe")
-    with pytest.raises(SystemExit, match="STREAMVOX_ECHO_CANCEL must be one of phone, on, off"):
+    with pytest.raises(SystemExit, match="STREAMVOX_ECHO_CANCEL must be one of auto, phone, on, off"):
         _check_livekit_env(["livekit_agent", "console"])
     tts = StreamvoxTTS(url="ws://127.0.0.1:9/v1/stream")
     plain = build_session(vad=None, stt_engine=None, llm_engine=ScriptedLLM([]), tts_engine=tts)

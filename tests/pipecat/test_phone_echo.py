@@ -159,7 +159,7 @@ async def test_speakerphone_echo_is_not_a_caller(engine, echo_db: float) -> None
 
 
 def test_echo_mode_setting() -> None:
-    from pipelines.pipecat_agent import barge_in_confirm_mode, barge_in_lull_ms, echo_mode
+    from pipelines.pipecat_agent import AgentConfig, barge_in_confirm_mode, barge_in_lull_ms, cancels_echo, echo_mode
 
     assert barge_in_lull_ms({}) == 600.0
     assert barge_in_lull_ms({"STREAMVOX_BARGE_IN_LULL_MS": " 0 "}) == 0.0
@@ -172,7 +172,14 @@ def test_echo_mode_setting() -> None:
         barge_in_confirm_mode({"STREAMVOX_BARGE_IN_CONFIRM": "asr"})
     assert echo_mode({}) == "phone"
     assert echo_mode({"STREAMVOX_ECHO_CANCEL": " ON "}) == "on"
-    with pytest.raises(ValueError, match="STREAMVOX_ECHO_CANCEL must be one of phone, on, off, got 'yes'"):
+    assert AgentConfig.from_env().echo_cancel == os.environ.get("STREAMVOX_ECHO_CANCEL", "auto").strip().lower()
+    # who gets the canceller: phone calls, and page calls on loudspeakers (auto, the Pipecat default)
+    assert cancels_echo("auto", phone=True) and cancels_echo("phone", phone=True)
+    assert cancels_echo("auto", phone=False, page_echo="browser-aec")
+    assert not cancels_echo("auto", phone=False, page_echo="raw-mic") and not cancels_echo("auto", phone=False)
+    assert not cancels_echo("phone", phone=False, page_echo="browser-aec")
+    assert cancels_echo("on", phone=False) and not cancels_echo("off", phone=True)
+    with pytest.raises(ValueError, match="STREAMVOX_ECHO_CANCEL must be one of auto, phone, on, off, got 'yes'"):
         echo_mode({"STREAMVOX_ECHO_CANCEL": "yes"})
 
 

@@ -86,3 +86,28 @@ def _live_reorder_buffers() -> list[AudioReorderBuffer]:
         except ReferenceError:  # a dead weak proxy
             continue
     return found
+
+
+@pytest.mark.slow
+async def test_a_page_on_loudspeakers_gets_the_agents_echo_canceller(engine):
+    """STREAMVOX_ECHO_CANCEL=auto (the default): the page says in ``/start`` whether it asks the browser
+    for echo cancellation (loudspeakers, its default) or sends the raw microphone (headphones); the
+    first call gets the agent's canceller too (a browser whose canceller lets the echo through made the
+    agent interrupt itself ~16 times in 30 s), the second and a client that says nothing do not."""
+    from pipelines.pipecat_agent import AgentConfig
+    from pipelines.room_limits import RoomLimits
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    async with counting_server(engine) as tts_server, fake_llm() as (llm_url, _requests):
+        # three calls one after the other: a closed call's line may not be free yet when the next starts
+        room = RoomLimits(max_calls=3)
+        config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", room=room)
+        assert config.echo_cancel == "auto"
+        async with room_server(config) as (base, agents), aiohttp.ClientSession() as http:
+            for n, mode in enumerate(("browser-aec", "raw-mic", None)):
+                async with webrtc_call(http, base, echo_mode=mode):
+                    deadline = time.monotonic() + 20
+                    while len(agents) <= n and time.monotonic() < deadline:
+                        await asyncio.sleep(0.05)
+                    assert len(agents) > n, f"no agent for the {mode} call"
+                    assert (agents[n].echo is not None) == (mode == "browser-aec"), mode

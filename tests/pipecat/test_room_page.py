@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from pipelines.pipecat_room import WEB_DIR, build_room_app
 
 
-def _no_agent(_transport, _phone):
+def _no_agent(_transport, _phone, _page_echo):
     raise AssertionError("no agent is built by these requests")
 
 
