@@ -347,9 +347,7 @@ class YieldGate(FrameProcessor):
             f"{self}: yield ({trigger}{', words confirm' if by_words else ''}), {1000 * downstream:.0f} ms "
             f"already downstream, {self.held_ms:.0f} ms held"
         )
-        self._cancel_timer()
-        self._onset_s, self._window_s = onset_s, self.resume_after_s
-        self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._window_over)
+        self._watch(onset_s, self.resume_after_s)
         self._wake.set()
 
     def _sure(self, seconds: float) -> bool:
@@ -364,9 +362,16 @@ class YieldGate(FrameProcessor):
         """A new onset while the pause waits out a breath: listen to it as to the first
         (``resume_after_ms`` of its audio for a VAD to confirm it, ``hold_max_ms`` from now)."""
         self._lull, self._listen_at = False, time.monotonic()
+        self._watch(onset_s, self.resume_after_s)
+
+    def _watch(self, from_s: float | None, window_s: float, wait_s: float | None = None) -> None:
+        """Resume once ``window_s`` of the caller's audio from ``from_s`` (our VAD's audio time) has
+        passed without a VAD confirming speech: first looked at after ``wait_s`` on the clock
+        (``window_s`` by default), then :meth:`_window_over` judges it in audio time."""
         self._cancel_timer()
-        self._onset_s, self._window_s = onset_s, self.resume_after_s
-        self._resume_timer = asyncio.get_running_loop().call_later(self.resume_after_s, self._window_over)
+        self._onset_s, self._window_s = from_s, window_s
+        delay = window_s if wait_s is None else wait_s
+        self._resume_timer = asyncio.get_running_loop().call_later(delay, self._window_over)
 
     def _window_over(self) -> None:
         """The window passed on the clock (``resume_after_ms`` from an onset, ``lull_ms`` from the end
@@ -417,10 +422,7 @@ class YieldGate(FrameProcessor):
         if pause is not None and quiet_s is not None and self.lull_s > 0:
             pause.breaths += 1
             self._lull = True
-            self._cancel_timer()
-            self._onset_s, self._window_s = quiet_s, self.lull_s
-            wait = max(0.02, self.lull_s - (self._heard_s() - quiet_s))
-            self._resume_timer = asyncio.get_running_loop().call_later(wait, self._window_over)
+            self._watch(quiet_s, self.lull_s, wait_s=max(0.02, self.lull_s - (self._heard_s() - quiet_s)))
             return
         self._resume()
 

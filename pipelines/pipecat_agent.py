@@ -68,7 +68,7 @@ from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_speculation import SpeculativeAudioHold, hold_audio_not_text
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
-from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, greeting, llm_temperature, system_prompt
+from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, env_number, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_frame_log import FrameLog
@@ -192,16 +192,9 @@ def barge_in_confirm_mode(env) -> str:
 
 def barge_in_lull_ms(env) -> float:
     """STREAMVOX_BARGE_IN_LULL_MS (default 600), 0-2000; ValueError with a one-line reason otherwise."""
-    raw = env.get("STREAMVOX_BARGE_IN_LULL_MS", "").strip()
-    if not raw:
-        return AgentConfig.barge_in_lull_ms
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 2000.0:
-        raise ValueError(f"STREAMVOX_BARGE_IN_LULL_MS must be milliseconds from 0 to 2000, got {raw!r}")
-    return value
+    what = "milliseconds from 0 to 2000"
+    value = env_number("STREAMVOX_BARGE_IN_LULL_MS", AgentConfig.barge_in_lull_ms, low=0, high=2000, what=what, env=env)
+    return AgentConfig.barge_in_lull_ms if value is None else value
 
 
 def turn_words(config: AgentConfig):
