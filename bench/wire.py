@@ -12,6 +12,7 @@ independent of clock resolution.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -150,10 +151,9 @@ class Ctx:
             if left <= 0 or self.conn.closed:
                 return bool(predicate(self))
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):  # not wait_for: Python 3.11's can drop a cancel
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
         return True
 
     async def wait_started(self, timeout: float = 10.0) -> None:

@@ -168,7 +168,7 @@ def test_echo_mode_setting() -> None:
             barge_in_lull_ms({"STREAMVOX_BARGE_IN_LULL_MS": bad})
     assert barge_in_confirm_mode({}) == "vad"
     assert barge_in_confirm_mode({"STREAMVOX_BARGE_IN_CONFIRM": " Words "}) == "words"
-    with pytest.raises(ValueError, match="STREAMVOX_BARGE_IN_CONFIRM must be vad or words, got 'asr'"):
+    with pytest.raises(ValueError, match="STREAMVOX_BARGE_IN_CONFIRM must be vad, words, margin, got 'asr'"):
         barge_in_confirm_mode({"STREAMVOX_BARGE_IN_CONFIRM": "asr"})
     assert echo_mode({}) == "phone"
     assert echo_mode({"STREAMVOX_ECHO_CANCEL": " ON "}) == "on"

@@ -22,6 +22,7 @@ exception is a transport that is backed up: it has no drain signal, so it is re-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -217,7 +218,9 @@ class SynthesizerBase:
 
 
 async def _wait(event: asyncio.Event, timeout: float | None) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except TimeoutError:
-        pass
+    """Until ``event`` is set or ``timeout`` passes. Not ``asyncio.wait_for``: on Python 3.11 it drops a
+    cancel that lands once its inner wait is done, and a driver loop then never stops (``stop()``
+    waited for it forever: a SIGTERM'd server with a live stream hung). ``asyncio.timeout`` keeps it."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
