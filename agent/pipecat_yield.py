@@ -196,14 +196,9 @@ class YieldGate(FrameProcessor):
         """Paused, and this pause is confirmed by the caller's words (not by a VAD start)."""
         return self._pause is not None and self._pause.by_words
 
-    def start_strategy(self, *, sure_passes: bool = False) -> VADUserTurnStartStrategy:
-        """Pipecat's VAD start, except while this gate waits for the caller's words (``sure_passes``:
-        except too where ``caller_sure`` says the run so far stood clear of the echo residue)."""
-        return _VADStartUnlessAwaitingWords(self, sure_passes=sure_passes)
-
-    def run_is_sure(self) -> bool:
-        """Whether the caller's audio since our VAD's latest onset was surely the caller (``caller_sure``)."""
-        return self._vad is not None and self._sure(self._heard_s() - self._run_onset_s)
+    def start_strategy(self) -> VADUserTurnStartStrategy:
+        """Pipecat's VAD start, except while this gate waits for the caller's words."""
+        return _VADStartUnlessAwaitingWords(self)
 
     def decodes(self, segment_done: type[Frame]) -> FrameProcessor:
         """A tap for just after the STT (after any check that drops transcripts): ``segment_done`` is
@@ -492,22 +487,15 @@ def _is_data(frame: Frame) -> bool:
 class _VADStartUnlessAwaitingWords(VADUserTurnStartStrategy):
     """Pipecat's VAD start strategy, held while the gate waits for the caller's words: the transcript
     then starts the turn (``TranscriptionUserTurnStartStrategy``, next in the list), or the VAD
-    segment going on for the gate's ``talk_ms`` does. With ``sure_passes`` a start whose run stood
-    clear of the echo residue (``YieldGate.run_is_sure``) goes through at once: a caller heard plainly
-    over the echo is not made to wait for words that only a residue needs."""
+    segment going on for the gate's ``talk_ms`` does."""
 
-    def __init__(self, gate: YieldGate, *, sure_passes: bool = False, **kwargs) -> None:
+    def __init__(self, gate: YieldGate, **kwargs) -> None:
         super().__init__(**kwargs)
         self._gate = gate
-        self._sure_passes = sure_passes
         self._talk: asyncio.Task | None = None
 
     async def process_frame(self, frame: Frame) -> ProcessFrameResult:
         if isinstance(frame, VADUserStartedSpeakingFrame) and self._gate.awaiting_words:
-            if self._sure_passes and self._gate.run_is_sure():
-                logger.debug(f"{self}: a VAD start clear of the bot's echo: the caller's turn")
-                self._cancel_talk()
-                return await super().process_frame(frame)
             logger.debug(f"{self}: a VAD start over the bot's echo; the caller's words or more speech start the turn")
             self._cancel_talk()
             self._talk = asyncio.get_running_loop().create_task(self._still_talking())

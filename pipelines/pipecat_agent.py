@@ -110,10 +110,9 @@ class AgentConfig:
     # "wideband" (the page's rule, the default before 12-04: docs/BENCHMARKS.md, "Phone path")
     phone_stt: str = "phone"
     # STREAMVOX_BARGE_IN_CONFIRM: what confirms a caller over the bot once the canceller has located an
-    # echo (agent.pipecat_yield): "vad" (the default: Pipecat's VAD start, fastest at the ear), "words"
+    # echo (agent.pipecat_yield): "vad" (the default: Pipecat's VAD start, fastest at the ear) or "words"
     # (their words, or 0.6 s more of speech: what is left of the echo pauses the bot instead of cutting
-    # it, at the cost of a slower barge-in) or "margin" (a VAD start whose run stood clear of the
-    # residue, else the words; docs/BENCHMARKS.md, "Echo")
+    # it, at the cost of a slower barge-in; docs/BENCHMARKS.md, "Echo")
     barge_in_confirm: str = "vad"
     # STREAMVOX_BARGE_IN_LULL_MS: after a caller's word that nothing confirmed yet ("Wait," and a breath),
     # the YieldGate keeps the bot paused this long of the caller's silence for more (0: resumes at once)
@@ -177,7 +176,7 @@ def phone_stt_rule(env) -> str:
     return raw
 
 
-BARGE_IN_CONFIRM_MODES = ("vad", "words", "margin")
+BARGE_IN_CONFIRM_MODES = ("vad", "words")
 
 
 def barge_in_confirm_mode(env) -> str:
@@ -185,7 +184,7 @@ def barge_in_confirm_mode(env) -> str:
     raw = env.get("STREAMVOX_BARGE_IN_CONFIRM", "").strip().lower() or AgentConfig.barge_in_confirm
     if raw not in BARGE_IN_CONFIRM_MODES:
         raise ValueError(
-            f"STREAMVOX_BARGE_IN_CONFIRM must be {', '.join(BARGE_IN_CONFIRM_MODES)}, "
+            f"STREAMVOX_BARGE_IN_CONFIRM must be {' or '.join(BARGE_IN_CONFIRM_MODES)}, "
             f"got {env.get('STREAMVOX_BARGE_IN_CONFIRM')!r}"
         )
     return raw
@@ -341,8 +340,7 @@ def build_agent(
     # STREAMVOX_BARGE_IN_CONFIRM=words, where the canceller has located an echo, the caller's words (or
     # more speech) confirm a pause, not a VAD start: what is left of the echo can pass the VAD as
     # speech and cut the bot; not the default, a caller over the echo is then heard later (BENCHMARKS "Echo")
-    # ("margin": a VAD start still interrupts at once where the caller stood clear of the residue)
-    by_words = echo is not None and config.barge_in_confirm in ("words", "margin")
+    by_words = echo is not None and config.barge_in_confirm == "words"
     # a breath after a caller's word keeps the pause (STREAMVOX_BARGE_IN_LULL_MS), on a call with an echo
     # canceller only where the word stood clear of what the echo leaves (residue runs are word-long too)
     gate = YieldGate(
@@ -352,8 +350,7 @@ def build_agent(
         caller_sure=echo.surely_caller if echo is not None else None,
     )
     if by_words:
-        sure_passes = config.barge_in_confirm == "margin"
-        strategies.start = [gate.start_strategy(sure_passes=sure_passes), TranscriptionUserTurnStartStrategy()]
+        strategies.start = [gate.start_strategy(), TranscriptionUserTurnStartStrategy()]
     user_params = LLMUserAggregatorParams(
         vad_analyzer=SileroVADAnalyzer(),
         user_turn_strategies=strategies,
