@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-tts test lint venv serve clean browser-deps haproxy-deps audio-deps
+.PHONY: demo demo-tts test lint venv serve clean system-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,41 +22,36 @@ demo: $(STAMP)
 demo-tts: $(STAMP)
 	$(PY) -m tts_service.demo
 
-# tests/browser drives Debian's chromium + chromium-driver: installed here when missing and root
-# (CI), otherwise a clear message. The test itself skips only where chromium truly is not there.
-browser-deps:
-	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing chromium and chromium-driver for the browser test (apt-get) ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
-	else \
+# System packages the tests use: chromium + chromium-driver (tests/browser), haproxy (tests/deploy:
+# `haproxy -c` and two replicas behind it), espeak-ng (the caller corpus, support/callers.py). What is
+# missing is installed in one apt-get run when root (CI: one `apt-get update`, not one per package);
+# otherwise a clear message: without chromium make test stops, without the others their tests skip,
+# saying so.
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	command -v espeak-ng >/dev/null 2>&1 || missing="$$missing espeak-ng"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing for the tests (apt-get) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || true; \
+	fi; \
+	command -v haproxy >/dev/null 2>&1 || echo "make test: haproxy not installed; the HAProxy checks in tests/deploy will skip" >&2; \
+	command -v espeak-ng >/dev/null 2>&1 || echo "make test: espeak-ng not installed; the caller-corpus tests will skip" >&2; \
+	if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 	  echo "make test: the browser test needs chromium and chromedriver on PATH;" \
 	    "install them (Debian/Ubuntu: sudo apt-get install chromium chromium-driver) and run make test again" >&2; \
 	  exit 1; \
 	fi
 
-# tests/deploy checks deploy/haproxy/haproxy.cfg with `haproxy -c` and runs it in front of two
-# replicas: installed here when missing and root (CI); otherwise those two tests skip, saying so.
-haproxy-deps:
-	@command -v haproxy >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  echo "installing haproxy for the deploy tests (apt-get) ..." && \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } || \
-	  echo "make test: haproxy not installed; the HAProxy checks in tests/deploy will skip" >&2
-
-# The caller corpus (support/callers.py) speaks with espeak-ng voices: installed here when missing
-# and root (CI), otherwise a clear message (the corpus tests skip, saying so).
-audio-deps:
-	@command -v espeak-ng >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  echo "installing espeak-ng for the caller corpus (apt-get) ..." && \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng; } || \
-	  echo "make test: espeak-ng not installed; the caller-corpus tests will skip" >&2
-
 # Two runs: everything but the `solo` tests on $(TEST_WORKERS) workers (one file per worker at a
 # time: a file's servers and fixtures stay together), then the `solo` ones (the real browser, the
 # speakerphone echo, real-time bursts: bounds about what a caller hears) with the machine to
-# themselves. Both run; either fails it. Each prints its slowest tests.
-TEST_WORKERS ?= 2
-test: $(STAMP) browser-deps haproxy-deps audio-deps
+# themselves. Both run; either fails it. Each prints its slowest tests. Three workers on two cores:
+# most of these tests wait on real time (audio at its pace), not on the CPU (docs/BENCHMARKS.md, "The bench").
+TEST_WORKERS ?= 3
+test: $(STAMP) system-deps
 	$(PY) -m ruff check .
 	@rc=0; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not solo" --durations=15 || rc=$$?; \

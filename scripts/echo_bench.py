@@ -65,7 +65,7 @@ def bot_voice(length_scale: float = 1.0) -> np.ndarray:
 
 def espeak(text: str, voice: str = "en-gb+m3", rate: int = 160) -> np.ndarray:
     if shutil.which("espeak-ng") is None:
-        sys.exit("echo_bench: espeak-ng is not installed (apt-get install espeak-ng, or make audio-deps)")
+        sys.exit("echo_bench: espeak-ng is not installed (apt-get install espeak-ng, or make system-deps)")
     wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], capture_output=True).stdout
     audio = np.frombuffer(wav[44:], np.int16).astype(np.float32) / 32768.0
     return soxr.resample(audio, 22050, SR).astype(np.float32)

@@ -363,7 +363,7 @@ def _engine_version(engine: str) -> str:
     if exe is None:
         raise CorpusError(
             "the caller corpus needs espeak-ng: install it (Debian/Ubuntu: sudo apt-get install espeak-ng; "
-            "or `make audio-deps` as root)"
+            "or `make system-deps` as root)"
         )
     return subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout.strip()
 

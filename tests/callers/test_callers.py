@@ -14,7 +14,7 @@ from support.callers import SCRIPTS, SMOKE, VOICES, CorpusError, corpus, items
 from support.lines import page_path, phone_path, through, vad_segments
 from support.wer import normalise, word_errors
 
-needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (make audio-deps)")
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (make system-deps)")
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def smoke(tmp_path_factory) -> list[callers.Utterance]:
     mp = pytest.MonkeyPatch()
     mp.setenv("STREAMVOX_CALLERS_DIR", str(tmp_path_factory.mktemp("callers")))
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed (make audio-deps)")
+        pytest.skip("espeak-ng not installed (make system-deps)")
     try:
         yield list(corpus("smoke"))
     finally:

@@ -99,7 +99,7 @@ async def test_every_cut_pause_of_a_corpus_caller_is_counted(eot, tmp_path, monk
     # 0.2 s ends the turn in each of them, and the turn is followed on to its real end; 1.0 s cuts none.
     monkeypatch.setenv("STREAMVOX_CALLERS_DIR", str(tmp_path))
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed (make audio-deps)")
+        pytest.skip("espeak-ng not installed (make system-deps)")
     (turn,) = eot.corpus_turns(["espeak-rp-slow/m-unsure"], "clean")
     assert turn.label == "mid_thought" and len(turn.pauses) == 2 and turn.voice == "espeak-rp-slow"
     clock = eot.SimClock()
@@ -122,7 +122,7 @@ async def test_the_transcript_holds_a_pause_that_a_fixed_silence_cuts(eot, tmp_p
 
     monkeypatch.setenv("STREAMVOX_CALLERS_DIR", str(tmp_path))
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed (make audio-deps)")
+        pytest.skip("espeak-ng not installed (make system-deps)")
     (turn,) = eot.corpus_turns(["espeak-gb-m3/h-train"], "clean")
     assert [round(b - a, 1) for a, b in turn.pauses] == [0.9]
     model = shared_whisper(default_model_path())

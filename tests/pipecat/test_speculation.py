@@ -77,7 +77,7 @@ def test_the_premise_smart_turn_calls_both_callers_incomplete() -> None:
     from support.lines import phone_path
 
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed (make audio-deps)")
+        pytest.skip("espeak-ng not installed (make system-deps)")
     analyzer = LocalSmartTurnAnalyzerV3()
     analyzer.set_sample_rate(16000)
     question, mid = corpus([QUESTION, MID_THOUGHT])
@@ -190,7 +190,7 @@ def _caller(utterance_id: str) -> bytes:
     from support.lines import to_mulaw
 
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed (make audio-deps)")
+        pytest.skip("espeak-ng not installed (make system-deps)")
     (u,) = corpus([utterance_id])
     return to_mulaw(_segment(u, u.speech_end_s))
 

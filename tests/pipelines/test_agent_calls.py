@@ -90,7 +90,7 @@ def test_memory_is_charged_to_the_part_that_holds_it() -> None:
 @pytest.mark.slow
 def test_two_phone_callers_asking_at_once_are_both_answered_by_the_real_demo() -> None:
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed (make audio-deps)")
+        pytest.skip("espeak-ng not installed (make system-deps)")
     lines = agent_calls.first_lines()
     demo = agent_calls.Demo(max_calls=2)
     try:
