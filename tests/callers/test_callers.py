@@ -14,7 +14,9 @@ from support.callers import SCRIPTS, SMOKE, VOICES, CorpusError, corpus, items
 from support.lines import page_path, phone_path, through, vad_segments
 from support.wer import normalise, word_errors
 
-needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (make system-deps)")
+needs_espeak = pytest.mark.skipif(
+    shutil.which("espeak-ng") is None, reason="espeak-ng not installed (make system-deps)"
+)
 
 
 @pytest.fixture(scope="module")
