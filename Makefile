@@ -49,7 +49,7 @@ system-deps:
 # time: a file's servers and fixtures stay together), then the `solo` ones (the real browser, the
 # speakerphone echo, real-time bursts: bounds about what a caller hears) with the machine to
 # themselves. Both run; either fails it. Each prints its slowest tests. Three workers on two cores:
-# most of these tests wait on real time (audio at its pace), not on the CPU (docs/BENCHMARKS.md, "The bench").
+# most of these tests wait on real time (audio at its pace), not on the CPU (docs/BENCHMARKS.md, "make test").
 TEST_WORKERS ?= 3
 test: $(STAMP) system-deps
 	$(PY) -m ruff check .
