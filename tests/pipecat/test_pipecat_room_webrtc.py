@@ -68,10 +68,12 @@ async def test_browser_hears_the_greeting_and_silences_it_by_talking(engine, los
     assert stale == [], f"the greeting came back after it was silenced, at {stale} s into the barge-in"
     answers = voiced_runs([(t, rms) for t, rms in heard if next_turn <= t < spoken_end])
     assert all(end - start < 1.0 for start, end in answers), f"an answer talked over the caller: {answers}"
-    assert uplink.dropped >= (5 if loss_every else 0), uplink.dropped
+    # the loss happened: one packet in loss_every of the ~6 s the client sent (a loaded machine sends
+    # fewer in that time: 4 at four test workers on two cores), so at least 3
+    assert uplink.dropped >= (3 if loss_every else 0), uplink.dropped
     if loss_every:  # it gave the lost packets up and did not fall behind (aiortc's holds ~15 from the first)
         seen = [(b.given_up, b.waiting) for b in buffers]
-        assert any(given_up >= 5 and waiting <= PATIENCE for given_up, waiting in seen), seen
+        assert any(given_up >= 3 and waiting <= PATIENCE for given_up, waiting in seen), seen
     tts = agents[0].tts
     assert tts.stats.cancels >= 1 and tts.stats.cancel_acks >= 1 and tts.stats.connections == 1
     print(f"browser: agent silent {went_quiet - barge_at:.2f} s after the user started talking (VAD included)")
