@@ -211,7 +211,8 @@ class OpenAISpeech(Api):
                 text=req.input,
             )
             bridge.end(ctx)
-            first = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)
+            async with asyncio.timeout(CHUNK_TIMEOUT_S):  # not wait_for: 3.11's can drop a shutdown's cancel
+                first = await events.get()
             if isinstance(first, Failed):
                 status = _STATUS.get(first.code, 500)
                 retry = first.retry_after_ms
@@ -225,7 +226,8 @@ class OpenAISpeech(Api):
             try:
                 await resp.prepare(request)
                 while True:  # TimeoutError below: no audio for a minute; the request ends truncated
-                    ev = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)
+                    async with asyncio.timeout(CHUNK_TIMEOUT_S):
+                        ev = await events.get()
                     if isinstance(ev, Audio) and not ev.stale:
                         await resp.write(out.audio(ev.payload))
                     elif isinstance(ev, Done):
