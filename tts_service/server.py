@@ -449,8 +449,7 @@ class Server:
             if encoding == P.WAV:
                 await resp.write(wav_header(rate))
             while True:
-                async with asyncio.timeout(HTTP_CHUNK_TIMEOUT_S):  # not wait_for: 3.11's can drop a shutdown's cancel
-                    out = await sink.queue.get()
+                out = await asyncio.wait_for(sink.queue.get(), timeout=HTTP_CHUNK_TIMEOUT_S)
                 if isinstance(out, _Cut):
                     # The drain deadline: end without the last chunk, so the client sees a
                     # truncated body (an error), never a short file that looks complete.

@@ -211,8 +211,7 @@ class OpenAISpeech(Api):
                 text=req.input,
             )
             bridge.end(ctx)
-            async with asyncio.timeout(CHUNK_TIMEOUT_S):  # not wait_for: 3.11's can drop a shutdown's cancel
-                first = await events.get()
+            first = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)
             if isinstance(first, Failed):
                 status = _STATUS.get(first.code, 500)
                 retry = first.retry_after_ms
@@ -226,8 +225,7 @@ class OpenAISpeech(Api):
             try:
                 await resp.prepare(request)
                 while True:  # TimeoutError below: no audio for a minute; the request ends truncated
-                    async with asyncio.timeout(CHUNK_TIMEOUT_S):
-                        ev = await events.get()
+                    ev = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)
                     if isinstance(ev, Audio) and not ev.stale:
                         await resp.write(out.audio(ev.payload))
                     elif isinstance(ev, Done):
