@@ -39,6 +39,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -74,6 +75,16 @@ class RoomAgent(Protocol):
 # (transport, phone, the page's echo mode: "browser-aec" | "raw-mic" | None when it did not say) -> agent
 AgentFactory = Callable[[BaseTransport, bool, str | None], RoomAgent]
 PAGE_ECHO_MODES = ("browser-aec", "raw-mic")  # what the page sends in /start (pipelines/web/app.js)
+
+
+@dataclass(slots=True)
+class _Session:
+    """A ``/start`` session: when it was last used (monotonic) and the page's echo mode, where it said one."""
+
+    used: float
+    echo: str | None = None
+
+
 # -> the "all lines are busy" message as 8 kHz mu-law (None: hang up without a word)
 BusyClip = Callable[[], Awaitable[bytes | None]]
 # -> {part name: up?} for /readyz (the TTS server, the LLM)
@@ -173,8 +184,7 @@ def build_room_app(
     release_audio_sooner()  # the caller's voice reaches the agent sooner, and stays prompt (agent.webrtc_uplink)
     limits = limits or RoomLimits()
     handler = SmallWebRTCRequestHandler()
-    sessions: dict[str, float] = {}  # /start session id -> last use (monotonic), oldest first
-    page_echo: dict[str, str] = {}  # /start session id -> the page's echo mode, where it said one
+    sessions: dict[str, _Session] = {}  # /start session id -> its session, the least recently used first
     lines = Lines(limits.max_calls)
     live_pcs: set[str] = set()  # peer connections with an agent (an offer naming one renegotiates)
     tasks: set[asyncio.Task] = set()
@@ -235,19 +245,18 @@ def build_room_app(
 
     def prune_sessions() -> None:
         stale = time.monotonic() - limits.session_ttl_s
-        for sid in [s for s, used in sessions.items() if used < stale]:
+        for sid in [s for s, session in sessions.items() if session.used < stale]:
             del sessions[sid]
         while len(sessions) >= limits.max_sessions:  # the oldest make room
             del sessions[next(iter(sessions))]
-        for sid in [s for s in page_echo if s not in sessions]:
-            del page_echo[sid]
 
-    def use_session(session_id: str) -> bool:
-        used = sessions.pop(session_id, None)
-        if used is None or used < time.monotonic() - limits.session_ttl_s:
-            return False
-        sessions[session_id] = time.monotonic()  # to the end: the most recently used
-        return True
+    def use_session(session_id: str) -> _Session | None:
+        session = sessions.pop(session_id, None)
+        if session is None or session.used < time.monotonic() - limits.session_ttl_s:
+            return None
+        session.used = time.monotonic()
+        sessions[session_id] = session  # to the end: the most recently used
+        return session
 
     @app.post("/start")
     async def start(request: Request) -> Response:
@@ -259,11 +268,10 @@ def build_room_app(
             return _refused(refusal)
         prune_sessions()
         session_id = str(uuid.uuid4())
-        sessions[session_id] = time.monotonic()
         body = data.get("body") if isinstance(data, dict) else None
         mode = body.get("echo_mode") if isinstance(body, dict) else None
-        if mode in PAGE_ECHO_MODES:  # anything else: the page did not say (older pages, other clients)
-            page_echo[session_id] = mode
+        # anything but the page's two modes: it did not say (older pages, other clients)
+        sessions[session_id] = _Session(time.monotonic(), mode if mode in PAGE_ECHO_MODES else None)
         return JSONResponse({"sessionId": session_id})
 
     async def reap_unconnected(connection: SmallWebRTCConnection, agent: RoomAgent, call: asyncio.Task) -> None:
@@ -335,11 +343,12 @@ def build_room_app(
 
     @app.api_route("/sessions/{session_id}/{path:path}", methods=["GET", "POST", "PATCH"])
     async def session_route(session_id: str, path: str, request: Request):
-        if not use_session(session_id):
+        session = use_session(session_id)
+        if session is None:
             return JSONResponse({"error": "unknown or expired session id; POST /start first"}, status_code=404)
         if not path.endswith("api/offer"):
             return Response(status_code=200)
-        return await signalling(request, patch=request.method == "PATCH", echo_mode=page_echo.get(session_id))
+        return await signalling(request, patch=request.method == "PATCH", echo_mode=session.echo)
 
     async def busy_line(websocket: WebSocket, call) -> None:
         """Every line is taken: say so (when a clip is at hand), then hang up. Closing the stream
