@@ -52,6 +52,8 @@ Interruption (barge-in) options of livekit-agents 1.8.9 that matter, and our def
   long the caller must speak over the agent before it *yields*. With a pausable output (a room)
   that is only a pause - the interruption waits for a transcript (below) - so it can be short: the
   agent falls quiet about twice as soon after the caller's onset (docs/BENCHMARKS.md, "LiveKit worker").
+  0.1 pauses ~0.1 s sooner still over a caller's echo, and may pause on what is left of it now and then
+  (a reply stopping for ~1 s with the caller silent; docs/BENCHMARKS.md, "Echo": measured both ways).
   An output that cannot pause interrupts at once after it, so a cough may cost the reply there;
   Silero's own ``min_speech_duration`` (0.05 s) only gates speech start.
 * ``aec_warmup_duration = 3.0`` s (framework default, ``AEC_WARMUP_DURATION``): a one-shot window,
