@@ -52,7 +52,6 @@ what still plays after it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +76,8 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.turns.types import ProcessFrameResult
 from pipecat.turns.user_start import VADUserTurnStartStrategy
+
+from tts_service.aio import wait_set
 
 from .runtime.vad import SileroVAD, VADParams
 
@@ -279,10 +280,7 @@ class YieldGate(FrameProcessor):
                 wait = self._released_until - self.lead_s - now
                 if wait > 0:
                     self._wake.clear()  # a pause or an interruption may come meanwhile
-                    # (asyncio.timeout, not wait_for: Python 3.11's drops a cancel that lands as the wait ends)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(wait):
-                            await self._wake.wait()
+                    await wait_set(self._wake, wait)
                     continue
                 self._released_until = max(now, self._released_until) + _duration(frame)
             self._held.popleft()

@@ -12,7 +12,6 @@ independent of clock resolution.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from tts_service import protocol as P
+from tts_service.aio import wait_set
 from tts_service.session import (
     Acked,
     Audio,
@@ -151,9 +151,7 @@ class Ctx:
             if left <= 0 or self.conn.closed:
                 return bool(predicate(self))
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):  # not wait_for: Python 3.11's can drop a cancel
-                async with asyncio.timeout(left):
-                    await self._changed.wait()
+            await wait_set(self._changed, left)
         return True
 
     async def wait_started(self, timeout: float = 10.0) -> None:

@@ -28,6 +28,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from . import compat
 from . import protocol as P
+from .aio import get_within
 from .audio import StreamEncoder, wav_header
 from .core.runtime import SynthesizerBase
 from .core.scheduler import Output, Overloaded
@@ -449,7 +450,7 @@ class Server:
             if encoding == P.WAV:
                 await resp.write(wav_header(rate))
             while True:
-                out = await asyncio.wait_for(sink.queue.get(), timeout=HTTP_CHUNK_TIMEOUT_S)
+                out = await get_within(sink.queue, HTTP_CHUNK_TIMEOUT_S)
                 if isinstance(out, _Cut):
                     # The drain deadline: end without the last chunk, so the client sees a
                     # truncated body (an error), never a short file that looks complete.

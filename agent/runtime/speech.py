@@ -42,7 +42,6 @@ Audio is mono little-endian int16 at ``sample_rate`` (the contexts are opened at
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import itertools
 import logging
@@ -55,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tts_service import protocol as P
+from tts_service.aio import wait_set
 from tts_service.client import AudioFrame, TTSClient, TTSConnectionError, TTSContext, TTSError, Word, WordTimings
 
 from .jitter import AdaptiveJitterBuffer, JitterState
@@ -523,11 +523,7 @@ class SpeechOutput:
                     self._current.error = RuntimeError("playout failed")
                     self.stop(fade=False, status=UtteranceStatus.FAILED)
             self._wake.clear()
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
-            # event is set (aclose() then waited forever for this task)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(block_s):
-                    await self._wake.wait()
+            await wait_set(self._wake, block_s)  # not wait_for: aclose() once waited forever for this task
 
     def _pump(self) -> None:
         now = self.clock()

@@ -29,6 +29,17 @@ LONG = (
 # reply has ended before the interruption, so nothing more is sent: the server finishes the reply
 # on the one connection and the plug-in drops that audio (as it does against ElevenLabs).
 TOLD = {"openai": True, "cartesia": True, "elevenlabs": False}
+# Where the server is told, it must still be rendering when the interruption comes (0.6 s heard).
+# The session sends a non-streaming plug-in one request per sentence, so that is a sentence's
+# render: LONG's first sentence (~4 s of audio) is rendered unpaced in under 0.2 s and can be wholly
+# written before the interruption, leaving nothing to cancel. One long sentence takes seconds.
+ONE_SENTENCE = (
+    "Let me explain this in some detail, because there is a lot to say, and the first thing you "
+    "should know is that the process has several steps, each of which takes a while, so we will go "
+    "through them one by one, slowly and carefully, with an example for each of them, until every "
+    "part of it is clear to you and you can do all of it on your own without any help from me"
+)
+INTERRUPTED = {"openai": ONE_SENTENCE, "cartesia": LONG, "elevenlabs": LONG}
 
 
 def _plugin(name: str, srv: Counted):
@@ -54,7 +65,7 @@ async def test_plugin_speaks_through_streamvox_and_an_interruption_stops_it(engi
     # the plug-ins' HTTP sessions come from a worker's job context; in-process, from http_context
     async with counted_server(engine) as srv, http_context.open():
         tts = _plugin(name, srv)
-        llm = ScriptedLLM([LONG if interrupted else SHORT for interrupted in plan])
+        llm = ScriptedLLM([INTERRUPTED[name] if interrupted else SHORT for interrupted in plan])
         sink = RecordingAudioOutput()
         session = AgentSession(llm=llm, tts=tts, vad=None, turn_handling={"turn_detection": None})
         session.output.audio = sink

@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import protocol as P
+from ..aio import get_within
 from ..audio import wav_header
 from ..core.engine import UnsupportedSpeed
 from ..protocol import ErrorCode, ProtocolError
@@ -211,7 +212,7 @@ class OpenAISpeech(Api):
                 text=req.input,
             )
             bridge.end(ctx)
-            first = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)
+            first = await get_within(events, CHUNK_TIMEOUT_S)
             if isinstance(first, Failed):
                 status = _STATUS.get(first.code, 500)
                 retry = first.retry_after_ms
@@ -225,7 +226,7 @@ class OpenAISpeech(Api):
             try:
                 await resp.prepare(request)
                 while True:  # TimeoutError below: no audio for a minute; the request ends truncated
-                    ev = await asyncio.wait_for(events.get(), CHUNK_TIMEOUT_S)
+                    ev = await get_within(events, CHUNK_TIMEOUT_S)
                     if isinstance(ev, Audio) and not ev.stale:
                         await resp.write(out.audio(ev.payload))
                     elif isinstance(ev, Done):

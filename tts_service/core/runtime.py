@@ -22,13 +22,13 @@ exception is a transport that is backed up: it has no drain signal, so it is re-
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from ..aio import wait_set
 from ..metrics import Metrics
 from ..protocol import ErrorCode
 from .engine import Engine, UnsupportedSpeed, nearest_speed, speed_range
@@ -157,7 +157,7 @@ class SynthesizerBase:
             if plan is None:
                 self._work.clear()
                 # Sleep until an event or until the scheduler's clock makes work due.
-                await _wait(self._work, self.scheduler.next_work_in(time.monotonic()))
+                await wait_set(self._work, self.scheduler.next_work_in(time.monotonic()))
                 continue
             result = await self._run(plan)
             self.scheduler.update(plan, result, time.monotonic())
@@ -182,7 +182,7 @@ class SynthesizerBase:
     async def _release_loop(self) -> None:
         while True:
             self._due.clear()
-            await _wait(self._due, self._release())
+            await wait_set(self._due, self._release())
 
     def _release(self) -> float | None:
         """Hand every due output to its sink; return seconds until the next one falls due."""
@@ -215,12 +215,3 @@ class SynthesizerBase:
             if out.kind == "error":
                 self.metrics.errors.labels(out.code or ErrorCode.INTERNAL).inc()
             self._close(out.sid, out.kind)
-
-
-async def _wait(event: asyncio.Event, timeout: float | None) -> None:
-    """Until ``event`` is set or ``timeout`` passes. Not ``asyncio.wait_for``: on Python 3.11 it drops a
-    cancel that lands once its inner wait is done, and a driver loop then never stops (``stop()``
-    waited for it forever: a SIGTERM'd server with a live stream hung). ``asyncio.timeout`` keeps it."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
