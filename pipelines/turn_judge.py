@@ -15,10 +15,11 @@ VAD's stop, which itself comes ``stop_secs`` after the last word) ends the turn:
 * the words read as a finished sentence to a language model (``pipelines.text_turn``, when given:
   probability >= ``text_likely``): ``likely_s`` (short); as clearly unfinished ("Could you send
   me", "I need to cancel": < ``text_unlikely``, and not a short answer such as "No."): ``unlikely_s``,
-  unless the words themselves are in doubt (Whisper decoded them unsurely: their log-probability
-  under ``doubt_logprob``) or the acoustic model hears a finished turn (``rescue_acoustic``): a
-  garbled transcript ("Please tell me everything I should know before I turn on") reads unfinished
-  to a language model for reasons that are not the caller's, and waiting on it is dead air;
+  unless the words themselves are in doubt — the turn is long (``doubt_words`` words or more), or
+  Whisper decoded them unsurely (their log-probability under ``doubt_logprob``), or the acoustic
+  model hears a finished turn (``rescue_acoustic``): a garbled transcript ("Please tell me
+  everything I should know before I'm not") reads unfinished to a language model for reasons that
+  are not the caller's, and waiting on it is dead air;
   in between: ``between_s``;
 * the transcript ends as a sentence (``.``, ``!``, ``?``): ``sentence_s``;
 * anything else (no punctuation, nothing heard): ``other_s``.
@@ -100,9 +101,16 @@ class TurnJudge:
     likely_s: float = 0.2
     between_s: float = 0.4
     unlikely_s: float = 1.8
-    # an "unlikely" verdict on words Whisper was unsure of (the segment's log-probability below
-    # ``doubt_logprob``), or with smart-turn's "complete" at or above ``rescue_acoustic``, waits
-    # ``between_s`` instead: None turns either check off
+    # an "unlikely" verdict on a turn of ``doubt_words`` words or more waits ``between_s``: a long
+    # turn is where Whisper garbles a word or two, and a garble reads unfinished, while callers who
+    # pause mid-thought mostly do it early ("My order number is..."; one that trails on "to" or
+    # "um" waits ``continuing_s`` whatever its length). The corpus's choice (docs/BENCHMARKS.md,
+    # the long asks): a shorter worst case for long turns at the price of a rare cut pause. The
+    # words' surprise to SmolLM2 told the two apart no better than their count. None: off
+    doubt_words: int | None = 10
+    # likewise on words Whisper was unsure of (the segment's log-probability below ``doubt_logprob``)
+    # or with smart-turn's "complete" at or above ``rescue_acoustic``: off by default, neither
+    # helped on the corpus. None turns either check off
     doubt_logprob: float | None = None
     rescue_acoustic: float | None = None
     # a transcript that ends in a question mark and reads unfinished waits ``between_s``: Whisper
@@ -124,6 +132,8 @@ class TurnJudge:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"TurnJudge.{name} must be a probability, got {value}")
+        if self.doubt_words is not None and self.doubt_words < 1:
+            raise ValueError(f"TurnJudge.doubt_words must be a count of words (>= 1), got {self.doubt_words}")
         if self.doubt_logprob is not None and self.doubt_logprob > 0.0:
             raise ValueError(f"TurnJudge.doubt_logprob is a log-probability (<= 0), got {self.doubt_logprob}")
 
@@ -150,16 +160,18 @@ class TurnJudge:
             if (
                 text_complete >= self.text_unlikely
                 or short_answer(text)
-                or self._doubted(acoustic_complete, words_logprob)
+                or self._doubted(text, acoustic_complete, words_logprob)
                 or (self.question_ends and text.rstrip().endswith("?"))
             ):
                 return self.between_s
             return self.unlikely_s
         return self.sentence_s if ending == "sentence" else self.other_s
 
-    def _doubted(self, acoustic_complete: float | None, words_logprob: float | None) -> bool:
-        """Whether an "unfinished" reading of the words is not to be waited on: Whisper was unsure
-        of them, or the acoustic model is sure the turn is over."""
+    def _doubted(self, text: str, acoustic_complete: float | None, words_logprob: float | None) -> bool:
+        """Whether an "unfinished" reading of the words is not to be waited on: the turn is long,
+        Whisper was unsure of its words, or the acoustic model is sure the turn is over."""
+        if self.doubt_words is not None and len(words(text)) >= self.doubt_words:
+            return True
         unsure = self.doubt_logprob is not None and words_logprob is not None and words_logprob < self.doubt_logprob
         heard_done = (
             self.rescue_acoustic is not None

@@ -42,7 +42,8 @@ GRID = {
     "unlikely_s": [1.2, 1.5, 1.8],
     "text_likely": [0.3, 0.5, 0.7],
     "text_unlikely": [0.02, 0.05, 0.1],
-    "doubt_logprob": [None, -0.4, -0.6, -0.8],
+    "doubt_words": [None, 10],
+    "doubt_logprob": [None, -0.8],
     "rescue_acoustic": [None, 0.8, 0.9],
 }
 

@@ -91,12 +91,13 @@ def test_doubted_words_or_a_sure_acoustic_verdict_shorten_an_unfinished_reading_
     """Off by default (the corpus measured no gain: docs/BENCHMARKS.md); when set, a garbled
     transcript that reads unfinished waits ``between_s``, a clearly decoded one still ``unlikely_s``."""
     garbled = "Can you explain how to cook a simple manual tube?"  # the phone line's "vegetable soup"
-    assert TurnJudge().wait_s(garbled, 0.95, 0.001, -1.2) == TurnJudge().unlikely_s  # the defaults ignore both
-    doubting = TurnJudge(doubt_logprob=-0.8)
+    plain = TurnJudge(doubt_words=None)  # ten words: the long-turn check alone would shorten it
+    assert plain.wait_s(garbled, 0.95, 0.001, -1.2) == plain.unlikely_s  # the defaults ignore both
+    doubting = TurnJudge(doubt_logprob=-0.8, doubt_words=None)
     assert doubting.wait_s(garbled, None, 0.001, words_logprob=-1.2) == doubting.between_s
     assert doubting.wait_s(garbled, None, 0.001, words_logprob=-0.3) == doubting.unlikely_s
     assert doubting.wait_s(garbled, None, 0.001) == doubting.unlikely_s  # confidence unknown
-    rescuing = TurnJudge(rescue_acoustic=0.9)
+    rescuing = TurnJudge(rescue_acoustic=0.9, doubt_words=None)
     assert rescuing.wait_s(garbled, 0.95, 0.001) == rescuing.between_s
     assert rescuing.wait_s(garbled, 0.5, 0.001) == rescuing.unlikely_s
     assert rescuing.wait_s("I would like to", 0.99, 0.001) == rescuing.continuing_s  # the cue still wins
@@ -106,12 +107,30 @@ def test_doubted_words_or_a_sure_acoustic_verdict_shorten_an_unfinished_reading_
         TurnJudge(rescue_acoustic=2.0)
 
 
+def test_a_long_turn_read_as_unfinished_waits_between_not_unlikely() -> None:
+    """On by default (docs/BENCHMARKS.md, the long asks): ten words or more that the text model
+    reads as unfinished are more likely a garble than a caller mid-thought; a short one still
+    waits ``unlikely_s``, and a trailing "to" still ``continuing_s`` however long the turn."""
+    judge = TurnJudge()
+    long_garble = "Please tell me everything I should know before I'm not."  # 10 words, a long ask misheard
+    assert judge.wait_s(long_garble, None, 0.001) == judge.between_s
+    assert judge.wait_s("I need to cancel.", None, 0.001) == judge.unlikely_s
+    assert judge.wait_s("Please tell me everything I should know before I go and want to", None, 0.001) == (
+        judge.continuing_s
+    )
+    assert TurnJudge(doubt_words=None).wait_s(long_garble, None, 0.001) == judge.unlikely_s
+    assert TurnJudge(doubt_words=11).wait_s(long_garble, None, 0.001) == judge.unlikely_s
+    with pytest.raises(ValueError, match="doubt_words must be a count"):
+        TurnJudge(doubt_words=0)
+
+
 def test_a_question_mark_shortens_an_unfinished_reading_only_when_asked() -> None:
     """Off by default: on the corpus Whisper writes "?" in mid-thought pauses too ("Could you send
     me?"), and trusting it cut 8-9 of 42 pauses instead of 3-5 (docs/BENCHMARKS.md)."""
     garbled = "How do I plan a merc-day party for 20 people on a mer-hit?"
-    assert TurnJudge().wait_s(garbled, None, 0.001) == TurnJudge().unlikely_s
-    asking = TurnJudge(question_ends=True)
+    plain = TurnJudge(doubt_words=None)  # twelve words: the long-turn check alone would shorten it
+    assert plain.wait_s(garbled, None, 0.001) == plain.unlikely_s
+    asking = TurnJudge(question_ends=True, doubt_words=None)
     assert asking.wait_s(garbled, None, 0.001) == asking.between_s
     assert asking.wait_s("I need to cancel.", None, 0.001) == asking.unlikely_s  # not a question
     assert asking.wait_s("Could you send me the", None, 0.9) == asking.continuing_s  # the cue still wins
