@@ -25,9 +25,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = ("pipecat", "livekit")
 # what the agent side may use of the server package: the wire format, the client, its driver and
-# session, and the helpers that start a local server
+# session, the helpers that start a local server, and the stdlib-only bounded waits every loop
+# shares (tts_service.aio: one fix for 3.11's wait_for, not one per side)
 AGENT_MAY_USE = (
     "tts_service.protocol",
+    "tts_service.aio",
     "tts_service.client",
     "tts_service.driver",
     "tts_service.session",
