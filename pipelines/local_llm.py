@@ -428,9 +428,15 @@ class LocalLLM:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if len(plain(mid)) <= room else (mid + 1, hi)
         dropped = min(-(-lo // TRIM_STEP) * TRIM_STEP, len(droppable))
-        spelled = spelling.encode(without(dropped))
-        # the window was sized with the plain encoding; the cached spelling is as long give or take a few
-        return FittedPrompt(spelled if len(spelled) <= room else plain(dropped), dropped)
+        # The window was sized with the plain encoding; the cached spelling is as long give or take a
+        # few tokens (a sampled reply spelled in more pieces than the tokenizer would). When it is a
+        # few longer than the room, drop one more step and keep the cache: the plain encoding would
+        # fit but leave the cache at the first such reply and read everything after it again.
+        for k in range(dropped, len(droppable) + TRIM_STEP, TRIM_STEP):
+            spelled = spelling.encode(without(min(k, len(droppable))))
+            if len(spelled) <= room:
+                return FittedPrompt(spelled, min(k, len(droppable)))
+        return FittedPrompt(plain(dropped), dropped)
 
     def _spelling(self) -> CachedSpelling:
         """The slots' conversations as they are now, to spell a prompt with their tokens
