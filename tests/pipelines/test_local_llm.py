@@ -561,11 +561,15 @@ def test_a_reply_that_starts_saying_a_sentence_again_ends_before_it(llm: LocalLL
     from pipelines import llm_repeats
 
     caplog.set_level(logging.INFO, logger="pipelines.local_llm")
-    history = [
-        {"role": "user", "content": "How do I learn?"},
-        {"role": "assistant", "content": " ".join(["So, it's all about learning."] * 4)},
-        {"role": "user", "content": "How do I learn faster?"},
+    # Which looping history makes the greedy reply loop again depends on the CPU's numerics (the
+    # first one does on AVX2 and AVX-512 machines, not on one with AMX): the first that loops is used.
+    loops = [
+        ("How do I learn?", "So, it's all about learning.", 4, "How do I learn faster?"),
+        ("How do I learn?", "So, it's all about learning.", 8, "How do I learn faster?"),
+        ("Can you help?", "I can help you with that.", 6, "Can you help me more?"),
+        ("How do I plan a trip?", "So, it's all about planning.", 6, "And how do I plan a party?"),
     ]
+    history: list[dict[str, str]] = []
 
     def reply() -> tuple[str, str]:
         llm.engine.reset()  # the same full prefill both times: the same greedy reply up to the guard
@@ -574,12 +578,23 @@ def test_a_reply_that_starts_saying_a_sentence_again_ends_before_it(llm: LocalLL
         _, _, finish, _ = llm.stream(history, max_tokens=64, temperature=0.0, stop=stop, emit=pieces.append)
         return "".join(pieces), finish
 
-    with monkeypatch.context() as m:  # the premise: without the guard this reply says a sentence again
-        m.setattr(llm_repeats.SentenceRepeats, "push", lambda self, piece: piece)
-        m.setattr(llm_repeats.SentenceRepeats, "flush", lambda self: "")
-        looped, _ = reply()
-    said = [s for s in _sentences(looped) if len(s.split()) >= 3]
-    assert len(said) > len(set(said)), looped
+    tried = []
+    for ask, sentence, times, again in loops:
+        history[:] = [
+            {"role": "user", "content": ask},
+            {"role": "assistant", "content": " ".join([sentence] * times)},
+            {"role": "user", "content": again},
+        ]
+        with monkeypatch.context() as m:  # the premise: without the guard this reply says a sentence again
+            m.setattr(llm_repeats.SentenceRepeats, "push", lambda self, piece: piece)
+            m.setattr(llm_repeats.SentenceRepeats, "flush", lambda self: "")
+            looped, _ = reply()
+        said = [s for s in _sentences(looped) if len(s.split()) >= 3]
+        if len(said) > len(set(said)):
+            break
+        tried.append(looped)
+    else:
+        pytest.fail(f"no looping history made the unguarded reply loop: no premise {tried}")
     guarded, finish = reply()
     said = [s for s in _sentences(guarded) if len(s.split()) >= 3]
     assert said and len(said) == len(set(said)), guarded
@@ -647,3 +662,39 @@ def test_a_paragraph_break_in_a_token_ends_a_sentence() -> None:
     pieces = ["Pack", " very", " light", ".\n\n", "Pack", " very", " light", ".\n\n", "Then", " go", "."]
     out = "".join(guard.push(p) for p in pieces) + guard.flush()
     assert out.strip() == "Pack very light." and guard.repeated, out
+
+
+def test_a_window_whose_cached_spelling_is_just_over_the_room_drops_one_more_step(llm: LocalLLM) -> None:
+    """The case an AVX-512 machine's sampled replies found (``abea775``), built on purpose so that
+    it does not depend on what a CPU samples: a cached reply spelled in more tokens than the
+    tokenizer would, and a room that the plain encoding of the trimmed window fits exactly while
+    its cached spelling does not. The prompt keeps the cached spelling and drops one more step;
+    the plain encoding would fit but leave the cache at that reply and read the rest again."""
+    from pipelines.local_llm import TRIM_STEP
+
+    enc = llm.tokenizer.tokenizer
+    odd = "Call it Lake Ruby, a name that sounds nice on the water."
+    history = _long_history()[:13]  # the system message and six exchanges
+    history[-2]["content"] = odd  # a reply still inside the window after TRIM_STEP drops
+    history.append({"role": "user", "content": "And a name for a blue one?"})
+    text = llm.tokenizer.render(history)
+    at = text.index(odd)
+    odd_ids = [t for c in odd for t in enc.encode(c, add_special_tokens=False).ids]  # a token a character
+    assert len(odd_ids) > len(enc.encode(odd, add_special_tokens=False).ids) + TRIM_STEP
+    cached = (
+        enc.encode(text[:at], add_special_tokens=False).ids
+        + odd_ids
+        + enc.encode(text[at + len(odd) :], add_special_tokens=False).ids
+    )
+    kept = [m for i, m in enumerate(history) if i == 0 or i > TRIM_STEP]  # the window after one step
+    room = len(enc.encode(llm.tokenizer.render(kept), add_special_tokens=False).ids)  # plain: fits exactly
+    small = LocalLLM(slots=1, max_len=room + room // 4)  # a cache just this size: room = max_len - max_tokens
+    small.load(progress=lambda *_: None)
+    small.engine.slots[0].ids = cached
+    fitted = small.fit_prompt(history, max_tokens=room // 4)
+    # ... and its cached spelling (longer by the odd reply's extra tokens) does not: one more step,
+    # and the reply as the cache holds it
+    assert fitted.dropped == 2 * TRIM_STEP, fitted.dropped
+    assert len(fitted.ids) <= room
+    n = len(odd_ids)
+    assert any(fitted.ids[i : i + n] == odd_ids for i in range(len(fitted.ids) - n + 1)), "spelled afresh"
