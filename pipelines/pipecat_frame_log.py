@@ -37,7 +37,7 @@ from pipecat.frames.frames import (
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection
 
-__all__ = ["FrameLog", "summarise", "turns"]
+__all__ = ["FrameLog", "read_turns", "summarise", "turns"]
 
 ENV = "STREAMVOX_FRAME_LOG"
 # frames whose time is the timeline; TTS audio only its first frame after each TTSStartedFrame
@@ -151,8 +151,16 @@ def _summary(turn: dict[str, Any], bot_t: float) -> dict[str, Any]:
     }
 
 
+def read_turns(path: str | Path) -> list[dict[str, Any]]:
+    """:func:`turns` of a frame log file; a last line cut short (the demo stopped mid-write) is skipped."""
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    if len(lines) > 1 and lines[-1].startswith("{") and not lines[-1].rstrip().endswith("}"):
+        lines.pop()
+    return turns(_load(lines))
+
+
 def summarise(path: str | Path) -> str:
-    rows = turns(_load(Path(path).read_text(encoding="utf-8").splitlines()))
+    rows = read_turns(path)
     if not rows:
         return f"{path}: no answered turn in it"
     lines = [

@@ -240,6 +240,33 @@ def llm_replies(frame_log: Path) -> list[dict]:
     return out
 
 
+def frame_stages(frame_log: Path) -> list[dict]:
+    """Each answered turn's stages from the agent's frame log (``pipelines.pipecat_frame_log``: ms after
+    its VAD stop, the words the agent heard), so that a slow turn of a long run says where it waited."""
+    from pipelines.pipecat_frame_log import read_turns
+
+    try:
+        return read_turns(frame_log) if frame_log.exists() else []
+    except (ValueError, KeyError) as exc:
+        print(f"agent_calls: the frame log {frame_log} could not be read ({exc})", file=sys.stderr)
+        return []
+
+
+def slow_stages(turns: list[dict], stages: list[dict]) -> list[dict]:
+    """The frame log's stages of the turns over the bound. The n-th answered turn in the log is the
+    caller's n-th answered turn only when the counts agree (a turn the agent split in two, or a
+    reply to an echo, would shift them): otherwise nothing is attributed."""
+    answered = [t for t in turns if t["v2v_s"] is not None]
+    if len(answered) != len(stages):
+        print(
+            f"agent_calls: the frame log has {len(stages)} answered turns for {len(answered)} of the caller's: "
+            "the slow turns' stages are not attributed (all of them are in the JSON's 'stages')",
+            file=sys.stderr,
+        )
+        return []
+    return [dict(st, turn=t["turn"]) for t, st in zip(answered, stages, strict=True) if t["v2v_s"] > BOUND_S]
+
+
 def stage_medians(log: str) -> dict[str, float | None]:
     """The agent's own per-turn stage figures (``pipelines.pipecat_figures``'s INFO lines: ms after
     the speech end as its VAD saw it), median per stage over the turns in ``log``."""
@@ -568,6 +595,17 @@ def print_long(summary: dict) -> None:
             )
     worst = summary["worst"]
     print(f"turns over {BOUND_S} s: {summary['over_bound']}; no answer: {summary['no_answer']}; worst: {worst}")
+    slow = summary.get("slow_stages", [])
+    if slow:
+        print(
+            f"turns over {BOUND_S} s, the agent's stages (ms after its VAD stop: STT, end of turn, LLM first token, "
+            "TTS first audio, transport; the words it heard):"
+        )
+        for st in slow:
+            print(
+                f"  turn {st['turn']}: {st['stt']} {st['end_of_turn']} {st['llm_first']} {st['first_audio']} "
+                f"{st['bot_started']}  {st['text']!r}"
+            )
     print("RSS (agent + children), MB, by turn: " + ", ".join(f"{k}: {v:.0f}" for k, v in summary["rss_mb"].items()))
     for turn, parts in summary.get("rss_parts_mb", {}).items():
         print(f"  turn {turn}: " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
@@ -611,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["turns"] = asyncio.run(run_long_call(demo, args.turns))
             doc["summary"] = long_summary(doc["turns"])
             doc["replies"] = llm_replies(demo.frame_log)
+            doc["stages"] = frame_stages(demo.frame_log)
+            doc["summary"]["slow_stages"] = slow_stages(doc["turns"], doc["stages"])
             words = [len(r["text"].split()) for r in doc["replies"]]
             print(f"agent_calls: {len(words)} LLM responses, words each: {words}", file=sys.stderr)
         doc["seconds"] = round(time.monotonic() - t0, 1)

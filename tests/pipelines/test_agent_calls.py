@@ -72,6 +72,35 @@ def test_the_replies_words_are_read_from_the_frame_log(tmp_path) -> None:
     assert agent_calls.llm_replies(tmp_path / "none.jsonl") == []
 
 
+def test_a_slow_turn_of_a_long_call_says_where_it_waited(tmp_path) -> None:
+    """The frame log's turns are matched to the caller's answered turns in order, and only the slow
+    ones are listed with their stages; when the counts disagree nothing is attributed."""
+    log = tmp_path / "frames.jsonl"
+    events = []
+    for i, (text, end) in enumerate([("What is the capital of France?", 0.2), ("Before I adopt a", 1.5)]):
+        t0 = 10.0 * i
+        events += [
+            (t0, "VADUserStoppedSpeakingFrame", None),
+            (t0 + 0.25, "TranscriptionFrame", text),
+            (t0 + 0.25 + end, "UserStoppedSpeakingFrame", None),
+            (t0 + 0.3, "LLMTextFrame", "Sure."),
+            (t0 + 0.6 + end, "TTSFirstAudio", None),
+            (t0 + 0.65 + end, "BotStartedSpeakingFrame", None),
+        ]
+    lines = [json.dumps({"call": "a", "t": t, "frame": f, **({"text": x} if x else {})}) for t, f, x in events]
+    log.write_text("\n".join(lines) + '\n{"call": "a", "t": 30.0, "fra')  # cut short as the demo stopped
+    stages = agent_calls.frame_stages(log)
+    assert [(st["text"], st["end_of_turn"]) for st in stages] == [
+        ("What is the capital of France?", 450),
+        ("Before I adopt a", 1750),
+    ]
+    turns = [{"turn": 1, "v2v_s": 0.9}, {"turn": 2, "v2v_s": None}, {"turn": 3, "v2v_s": 2.1}]
+    slow = agent_calls.slow_stages(turns, stages)
+    assert [(st["turn"], st["text"]) for st in slow] == [(3, "Before I adopt a")]
+    assert agent_calls.slow_stages([*turns, {"turn": 4, "v2v_s": 1.0}], stages) == []  # 3 answered, 2 in the log
+    assert agent_calls.frame_stages(tmp_path / "none.jsonl") == []
+
+
 def test_memory_is_charged_to_the_part_that_holds_it() -> None:
     """A child whose command line names the local LLM is counted as "llm", this process as the agent."""
     hold = "import time; x = b'x' * (64 << 20); time.sleep(30)"  # written pages: resident
