@@ -52,6 +52,7 @@ GROUP = 32  # Q4_1/Q8_0 block length: values per scale
 REFINE = 64  # head candidates recomputed in float32 (see Llama._head)
 INT4_MAX_ROWS = 16  # above this many rows the dense GEMM (bf16 or fp32) beats the int4 kernel (BENCHMARKS)
 DENSE = ("auto", "bf16", "fp32")  # the dense prefill copy's dtype (see dense_dtype)
+ALIGN = 64  # bytes: every weight the kernels read starts on a cache line (see Llama.__init__)
 CAUSAL_MIN_ROWS = 256  # a fresh prompt longer than this runs causal SDPA (half the work; slower when short)
 
 
@@ -339,7 +340,12 @@ class Llama:
         want = torch.float32 if dense_dtype(dense) == "fp32" else torch.bfloat16
         packed = {n.removesuffix(".packed") for n in tensors if n.endswith(".packed")}
         widen = {n + ".weight" for n in packed if n + ".weight" in tensors and tensors[n + ".weight"].dtype != want}
-        if widen:
+        # torch's int8 head kernel reads its weight with aligned vector loads from four rows of input
+        # on: a weight that is a view into the safetensors file at an odd offset (the int8 head sat at
+        # 40 bytes past a 64-byte boundary) crashed the process (SIGSEGV) at the first batched decode
+        # step on AVX-512 CPUs. A copy is allocated aligned.
+        misaligned = [n for n, t in tensors.items() if t.data_ptr() % ALIGN]
+        if widen or misaligned:
             # Every other tensor is copied too: tensors read with safetensors' load_file share one
             # mapping of the file, which any of them keeps resident, the widened originals included.
             for name, t in tensors.items():

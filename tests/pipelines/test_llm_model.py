@@ -13,6 +13,7 @@ import torch
 from llama import Sampling
 from pipelines.llm_chat import ChatEngine, DecodeStep, StreamDecoder, repeats_itself
 from pipelines.llm_model import (
+    ALIGN,
     CAUSAL_MIN_ROWS,
     INT4_MAX_ROWS,
     Llama,
@@ -220,6 +221,29 @@ def test_batched_decode_steps_equal_one_conversation_at_a_time(llm: LocalLLM) ->
     assert max(sizes) == len(prompts) and all(len(t) == 12 for t in together)
     with pytest.raises(ValueError, match="one distinct slot"):
         engine.model.decode([1, 2], [0, 0], [5, 6])
+
+
+def test_every_weight_the_kernels_read_is_aligned_and_four_calls_decode_together(llm: LocalLLM) -> None:
+    """The int8 head, a view into the cached safetensors file 40 bytes past a cache line, crashed
+    the LLM server (SIGSEGV in ``_weight_int8pack_mm``) at its first decode step of four
+    conversations at once on AVX-512 CPUs: four calls at once restarted it. The model copies any
+    weight that does not start on a 64-byte boundary, and four rows decode."""
+    model = llm.engine.model
+    assert all(t.data_ptr() % ALIGN == 0 for t in model.tensors.values())
+    tensors = dict(model.tensors)
+    head = tensors["head.q"]
+    raw = torch.empty(head.numel() + 40, dtype=head.dtype)
+    tensors["head.q"] = raw[40:].view(head.shape)  # as the file's mapping placed it
+    tensors["head.q"].copy_(head)
+    assert tensors["head.q"].data_ptr() % ALIGN
+    other = Llama(model.cfg, tensors, slots=4, max_len=64)
+    assert other.head_q.data_ptr() % ALIGN == 0 and torch.equal(other.head_q, head)
+    for slot in range(4):
+        other.forward([1, 2, 3 + slot], slot, 0)
+    logits = other.decode([5, 6, 7, 8], [0, 1, 2, 3], [3, 3, 3, 3])
+    assert logits.shape == (4, model.cfg.vocab_size) and torch.isfinite(logits).all()
+    for b in range(4):  # each row is its conversation's own
+        assert int(logits[b].argmax()) == int(other.forward([5 + b], b, 3).argmax())
 
 
 def _reply(engine: ChatEngine, llm: LocalLLM, messages) -> list[int]:
