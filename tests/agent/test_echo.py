@@ -214,3 +214,33 @@ def test_a_callers_word_over_the_bot_stands_clear_of_the_residue(bot_voices) -> 
 
 def _rounded(margin: float | None) -> float | None:
     return None if margin is None else round(margin, 1)
+
+
+def test_the_reference_ring_holds_what_was_written_and_silence_elsewhere() -> None:
+    """The canceller's reference on the sample clock (read with slices, as the canceller reads seconds
+    of it per 10 ms frame) against a plain record of every sample: writes that go on, leave a gap or
+    overlap the last one, truncations (a barge-in drops the audio still queued), reads anywhere."""
+    from agent.runtime.echo import _Ring
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        size = int(rng.integers(8, 200))
+        ring, held, end, high = _Ring(size), {}, 0, 0  # held: absolute sample -> value; high: the furthest end
+        for _ in range(40):
+            if rng.random() < 0.7:  # as the canceller writes: on from the end, a little back, or after a gap
+                start = max(0, end + int(rng.integers(-size // 4, 40)))
+                x = rng.standard_normal(int(rng.integers(0, 2 * size + 5))).astype(np.float32)
+                ring.write(start, x)
+                held.update({start + i: v for i, v in enumerate(x)})
+                end = max(end, start + len(x))
+            else:  # the audio after ``at`` never played (not further back than the queue)
+                at = int(rng.integers(max(0, end - size // 4), end + 5))
+                ring.truncate(at)
+                held = {k: v for k, v in held.items() if k < at}
+                end = min(end, at)
+            high = max(high, end)
+            a = int(rng.integers(max(0, end - 3 * size), end + 10))
+            b = a + int(rng.integers(0, 3 * size))
+            # held: the last ``size`` samples up to the furthest end reached (older ones were overwritten)
+            want = [held.get(k, 0.0) if high - size <= k < end else 0.0 for k in range(a, b)]
+            assert np.array_equal(ring.read(a, b), np.asarray(want, np.float32))
