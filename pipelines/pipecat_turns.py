@@ -164,10 +164,16 @@ class JudgedTurnStop(SpeculativeTurnStop):
         self._acoustic: float | None = None
         self._logprob: float | None = None  # how sure Whisper was of the last segment's words
         self._decision: asyncio.Task | None = None
+        # Smart-turn's verdict is an inference at every VAD stop, on the cores the STT and the
+        # speculative reply need at that moment, and the stop strategy awaits it before it handles
+        # the next frame (the transcript that starts the speculation). The judge reads it only with
+        # ``trust_acoustic`` or ``rescue_acoustic`` set (both off by default): otherwise it is not run.
+        self.acoustic = self.judge.trust_acoustic is not None or self.judge.rescue_acoustic is not None
 
     async def _handle_input_audio(self, frame: InputAudioRawFrame) -> None:
         # the analyzer keeps its buffer; its own silence timeout is not a decision here
-        self._turn_analyzer.append_audio(frame.audio, self._vad_user_speaking)
+        if self.acoustic:
+            self._turn_analyzer.append_audio(frame.audio, self._vad_user_speaking)
 
     async def _handle_vad_user_started_speaking(self, frame: VADUserStartedSpeakingFrame) -> None:
         self._last_stop = None
@@ -176,9 +182,11 @@ class JudgedTurnStop(SpeculativeTurnStop):
     async def _handle_vad_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
         self._vad_user_speaking, self._vad_stopped = False, True
         self._stopped_at = self._last_stop = frame.timestamp
-        _state, prediction = await self._turn_analyzer.analyze_end_of_turn()
-        await self._handle_prediction_result(prediction)
-        self._acoustic = getattr(prediction, "probability", None)
+        self._acoustic = None
+        if self.acoustic:
+            _state, prediction = await self._turn_analyzer.analyze_end_of_turn()
+            await self._handle_prediction_result(prediction)
+            self._acoustic = getattr(prediction, "probability", None)
 
     async def _handle_transcription(self, frame: TranscriptionFrame) -> None:
         self._text = frame.text

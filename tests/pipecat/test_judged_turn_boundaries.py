@@ -133,3 +133,40 @@ async def test_words_then_a_cough_are_judged_from_the_coughs_stop(stop) -> None:
     assert await _ended(stop, 1, 3.0), stop.decisions
     assert stop.ended[0] - coughed < 2.0 and len(stop.ended) == 1, stop.decisions
     assert stop.decisions[-1]["text"] == "Could you send me the invoice for last month?"
+
+
+async def test_the_judge_runs_smart_turn_only_when_it_reads_its_verdict(stop) -> None:
+    """Smart-turn's inference at each VAD stop costs the cores the STT and the speculative reply need
+    then, and the stop strategy awaits it before the next frame: by default the judge does not read
+    it, so it is not run; with ``rescue_acoustic`` set it runs and its verdict reaches the decision."""
+    from pipecat.frames.frames import InputAudioRawFrame
+
+    from pipelines.turn_judge import TurnJudge
+
+    calls = []
+    original = stop._turn_analyzer.analyze_end_of_turn
+
+    async def counted():
+        calls.append(1)
+        return await original()
+
+    stop._turn_analyzer.analyze_end_of_turn = counted
+    audio = InputAudioRawFrame(audio=bytes(640), sample_rate=16000, num_channels=1)
+    assert not stop.acoustic
+    await stop.process_frame(VADUserStartedSpeakingFrame())
+    await stop.process_frame(audio)
+    await stop.process_frame(VADUserStoppedSpeakingFrame())
+    await stop.process_frame(TranscriptionFrame("What is the capital of France?", "caller", "now"))
+    assert await _ended(stop, 1, 3.0), stop.decisions
+    assert calls == [] and stop.decisions[-1]["acoustic"] is None
+    await _next_turn(stop)
+    stop.judge = TurnJudge(rescue_acoustic=0.9)
+    stop.acoustic = JudgedTurnStop(judge=stop.judge, turn_analyzer=stop._turn_analyzer, words=None).acoustic
+    assert stop.acoustic
+    await stop.process_frame(VADUserStartedSpeakingFrame())
+    for _ in range(25):  # half a second of audio for it to judge
+        await stop.process_frame(audio)
+    await stop.process_frame(VADUserStoppedSpeakingFrame())
+    await stop.process_frame(TranscriptionFrame("And of Italy?", "caller", "now"))
+    assert await _ended(stop, 2, 3.0), stop.decisions
+    assert calls == [1] and stop.decisions[-1]["acoustic"] is not None
