@@ -137,6 +137,33 @@ def tree_rss_parts(root: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(parts.items())}
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def tree_cpu_parts(root: int) -> dict[str, float]:
+    """CPU seconds so far of the demo's parts (as :func:`tree_rss_parts`) and of the callers (this
+    script: their audio, μ-law and sockets share the machine too). Two readings around a level say
+    which part the machine's cores went to."""
+    parts: dict[str, float] = {}
+    for pid in _tree(root):
+        part = _part(pid, root)
+        parts[part] = parts.get(part, 0.0) + _cpu_s(pid)
+    t = os.times()
+    parts["callers"] = t.user + t.system
+    return parts
+
+
+def cpu_shares(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+    """Cores used by each part between two :func:`tree_cpu_parts` readings (1.0 = one core busy)."""
+    return {k: round((after[k] - before.get(k, 0.0)) / wall_s, 2) for k in sorted(after)} if wall_s > 0 else {}
+
+
 def tree_rss_mb(root: int) -> float:
     """RSS of ``root`` and all its descendants (the demo, its TTS server and local LLM), summed."""
     return sum(_rss_kb(pid) for pid in _tree(root)) / 1024
@@ -196,6 +223,9 @@ class Demo:
 
     def rss_parts(self) -> dict[str, float]:
         return tree_rss_parts(self.proc.pid) if self.proc is not None else {}
+
+    def cpu_parts(self) -> dict[str, float]:
+        return tree_cpu_parts(self.proc.pid) if self.proc is not None else {}
 
     def stop(self, timeout_s: float = 20.0) -> None:
         if self.proc is None:
@@ -265,6 +295,13 @@ def slow_stages(turns: list[dict], stages: list[dict]) -> list[dict]:
         )
         return []
     return [dict(st, turn=t["turn"]) for t, st in zip(answered, stages, strict=True) if t["v2v_s"] > BOUND_S]
+
+
+def child_exits(log: str) -> list[str]:
+    """The supervisor's lines about a child that died or was killed as hung (``pipelines.supervisor``):
+    a level's figures with a restarted TTS or LLM in them are not the machine's capacity."""
+    died = ("exited (", "(hung)")
+    return [line.strip() for line in log.splitlines() if "pipecat_agent: " in line and any(d in line for d in died)]
 
 
 def stage_medians(log: str) -> dict[str, float | None]:
@@ -450,6 +487,7 @@ async def run_levels(demo: Demo, levels: list[int], rounds: int) -> list[dict]:
         for n in levels:
             log_from = len(demo.text())
             load_before = os.getloadavg()[0]
+            cpu_before, t_before = demo.cpu_parts(), time.monotonic()
             done = []
             for r in range(rounds):
                 await _lines_free(http, demo.base)
@@ -461,6 +499,8 @@ async def run_levels(demo: Demo, levels: list[int], rounds: int) -> list[dict]:
                 "rounds": done,
                 "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "agent_stages_ms_median": stage_medians(demo.text()[log_from:]),
+                "cores_by_part": cpu_shares(cpu_before, demo.cpu_parts(), time.monotonic() - t_before),
+                "child_exits": child_exits(demo.text()[log_from:]),
             }
             level["summary"] = level_summary(done)
             out.append(level)
@@ -582,6 +622,10 @@ def print_levels(levels: list[dict]) -> None:
     for lv in levels:
         stages = ", ".join(f"{k} {v:.0f}" for k, v in lv["agent_stages_ms_median"].items() if v is not None)
         print(f"  {lv['n']} call(s), the agent's stages (ms after the speech end it saw, medians): {stages or '-'}")
+        cores = ", ".join(f"{k} {v:.2f}" for k, v in lv.get("cores_by_part", {}).items())
+        print(f"  {lv['n']} call(s), cores busy by part over the level (1.00 = one core): {cores or '-'}")
+        for line in lv.get("child_exits", []):
+            print(f"  {lv['n']} call(s), a child of the demo died: {line}")
     cap = proposed_cap(levels)
     print(f"\nthe largest level with p95 ≤ {BOUND_S} s and every call answered: {cap if cap else 'none'}")
 

@@ -101,6 +101,17 @@ def test_a_slow_turn_of_a_long_call_says_where_it_waited(tmp_path) -> None:
     assert agent_calls.frame_stages(tmp_path / "none.jsonl") == []
 
 
+def test_a_child_that_died_during_a_level_is_reported() -> None:
+    log = (
+        "pipecat_agent: ready\n"
+        "pipecat_agent: the local LLM exited (signal 11); restarting it in 0.5 s\n"
+        "pipecat_agent: the TTS server has not answered /healthz for 20 s (hung); killing it\n"
+        "turn 1: ms after the caller's speech end: VAD stop +285\n"
+    )
+    assert agent_calls.child_exits(log) == log.splitlines()[1:3]
+    assert agent_calls.child_exits("pipecat_agent: ready\n") == []
+
+
 def test_memory_is_charged_to_the_part_that_holds_it() -> None:
     """A child whose command line names the local LLM is counted as "llm", this process as the agent."""
     hold = "import time; x = b'x' * (64 << 20); time.sleep(30)"  # written pages: resident
@@ -114,6 +125,24 @@ def test_memory_is_charged_to_the_part_that_holds_it() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_cpu_is_charged_to_the_part_that_spends_it() -> None:
+    """A busy child named like the TTS server shows as about one core of "tts"; an idle one as none."""
+    spin = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin, "tts_service"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)", "local_llm"])
+    try:
+        time.sleep(0.3)  # both started (the interpreter's own start-up is CPU too)
+        before, t0 = agent_calls.tree_cpu_parts(os.getpid()), time.monotonic()
+        time.sleep(1.0)
+        shares = agent_calls.cpu_shares(before, agent_calls.tree_cpu_parts(os.getpid()), time.monotonic() - t0)
+        assert shares["tts"] > 0.5 and shares["llm"] < 0.2, shares  # generous: a shared test machine
+        assert {"agent", "callers"} <= set(shares)
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.slow
