@@ -276,7 +276,7 @@ def turn_strategies(
     silence timeout (3 s by default, 1 s here: that was the end-of-turn p95; ``scripts/end_of_turn.py``,
     docs/BENCHMARKS.md "Turn-taking and voice-to-voice"). ``"judge"``: the end of turn from the
     transcript's cue, the caller's words (``words``: a ``pipelines.text_turn.TextTurnModel``) and the
-    silence (``pipelines.pipecat_turns.JudgedTurnStop``), smart-turn's probability one more input.
+    silence (``pipelines.pipecat_turns.JudgedTurnStop``); smart-turn's probability only where the judge reads it.
     ``speculate``: the reply's inference starts during the wait
     (``pipelines.pipecat_turns.SpeculativeTurnStop``).
     """

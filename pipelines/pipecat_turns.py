@@ -142,9 +142,9 @@ class JudgedTurnStop(SpeculativeTurnStop):
 
     Why: smart-turn alone ends the turn in most of the corpus's mid-thought pauses and makes
     finished questions wait for its timeout (docs/BENCHMARKS.md, "Turn-taking and voice-to-voice").
-    Here its verdict is one input: at each VAD stop smart-turn still judges the audio (its
-    probability), and when the segment's transcript arrives the caller's words so far are read by
-    the text model (``pipelines.text_turn``); the judge turns the transcript's cue, the two
+    Here its verdict is one optional input (run at each VAD stop only when the judge reads it:
+    ``acoustic``), and when the segment's transcript arrives the caller's words so far are read by
+    the text model (``pipelines.text_turn``); the judge turns the transcript's cue, the
     probabilities and the silence into one wait, counted from the VAD stop. The caller speaking
     again cancels it (and withdraws the speculation). A turn never ends before its transcript; when
     its last segment brings none, the words so far are judged from that segment's stop.
