@@ -24,12 +24,22 @@
   that was dropped as echo.
 
 Upstream frames and everything else pass untouched. One :class:`PipecatEcho` per call.
+
+The canceller's work runs on a thread of the call's own (``thread=True``, the default), in the
+order the frames came: every call's frames share one event loop, and the canceller was a third of
+its samples at four phone calls (AEC3 itself most of that; it releases the GIL, so the second
+core runs it while the loop moves the other frames on: docs/BENCHMARKS.md, "Calls at once").
+The cleaner awaits each frame's cleaned audio before passing it on, so everything downstream
+(the VADs, the YieldGate's margin check, the STT) sees what it saw before, in the same order.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from loguru import logger
 from pipecat.frames.frames import (
@@ -55,12 +65,28 @@ PLAYED_WORDS_S = 8.0  # how far back a transcript is compared with the bot's wor
 class PipecatEcho:
     """One call's canceller and the three processors that feed and use it."""
 
-    def __init__(self, canceller: EchoCanceller | None = None, *, clock=time.monotonic) -> None:
+    def __init__(self, canceller: EchoCanceller | None = None, *, clock=time.monotonic, thread: bool = True) -> None:
         self.canceller = canceller or EchoCanceller(clock=clock)
         self._clock = clock
         self._play_end = 0.0  # when the audio handed to the transport so far has played out
         self._words: deque[tuple[float, str]] = deque()  # (played at, text)
         self.dropped_transcripts: list[str] = []
+        # one worker: the far end's audio, its truncations and the caller's frames reach the
+        # canceller in the order the pipeline handed them on (module docstring)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo") if thread else None
+
+    def close(self) -> None:
+        """The call is over: its worker thread ends (what is still queued is dropped)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _later(self, fn, /, *args, **kwargs) -> None:
+        """Run ``fn`` on the canceller's thread after what is queued there (inline once closed)."""
+        if self._pool is None:
+            fn(*args, **kwargs)
+            return
+        self._pool.submit(fn, *args, **kwargs).add_done_callback(_log_failure)
 
     def reference(self) -> FrameProcessor:
         return _Tap(self, name="EchoReference")
@@ -78,7 +104,7 @@ class PipecatEcho:
         start = max(now, self._play_end)
         seconds = len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)
         self._play_end = start + seconds
-        self.canceller.far(_mono(frame.audio, frame.num_channels), frame.sample_rate, t=start)
+        self._later(self.canceller.far, _mono(frame.audio, frame.num_channels), frame.sample_rate, t=start)
 
     def located(self) -> bool:
         """Whether the canceller has found the bot's echo in the caller's audio on this call."""
@@ -93,7 +119,7 @@ class PipecatEcho:
 
     def interrupted(self) -> None:
         now = self._clock()
-        self.canceller.truncate_far(t=now)
+        self._later(self.canceller.truncate_far, t=now)
         self._play_end = now
 
     def spoken(self, text: str) -> None:
@@ -102,8 +128,13 @@ class PipecatEcho:
         while self._words and self._words[0][0] < now - PLAYED_WORDS_S:
             self._words.popleft()
 
-    def clean(self, frame: InputAudioRawFrame) -> None:
-        frame.audio = self.canceller.near(_mono(frame.audio, frame.num_channels), frame.sample_rate, t=self._clock())
+    async def clean(self, frame: InputAudioRawFrame) -> None:
+        """Replace the frame's audio with the cancelled audio (on the canceller's thread, awaited)."""
+        near = functools.partial(
+            self.canceller.near, _mono(frame.audio, frame.num_channels), frame.sample_rate, t=self._clock()
+        )
+        pool = self._pool
+        frame.audio = near() if pool is None else await asyncio.get_running_loop().run_in_executor(pool, near)
         frame.sample_rate, frame.num_channels = RATE, 1
         frame.num_frames = len(frame.audio) // 2
 
@@ -141,12 +172,21 @@ class _Tap(FrameProcessor):
                 elif isinstance(frame, TTSTextFrame):
                     self._echo.spoken(frame.text)
             elif self._role == "EchoCleaner" and isinstance(frame, InputAudioRawFrame):
-                self._echo.clean(frame)
+                await self._echo.clean(frame)
             elif self._role == "EchoTranscripts" and isinstance(frame, TranscriptionFrame):
                 result = frame.result if isinstance(frame.result, dict) else {}
                 if self._echo.is_echo(frame.text, result.get("bot_audio")):
                     return
         await self.push_frame(frame, direction)
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        self._echo.close()  # the pipeline is over (each of the three taps says so; once is enough)
+
+
+def _log_failure(future: Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error(f"echo canceller: {future.exception()!r}")
 
 
 def _mono(pcm: bytes, channels: int) -> bytes:

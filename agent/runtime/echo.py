@@ -525,10 +525,11 @@ class EchoCanceller:
         130-220 ms), but their levels do not as much: the caller's frames stand well above the
         residue the gate lets through (docs/BENCHMARKS.md, "Echo").
         """
-        if not self._margins:
+        margins = list(self._margins)  # one copy: near() may append on another thread (agent.pipecat_echo)
+        if not margins:
             return None
-        last = self._margins[-1][0]
-        recent = [m for at, m in self._margins if at > last - seconds * RATE]
+        last = margins[-1][0]
+        recent = [m for at, m in margins if at > last - seconds * RATE]
         return float(np.median(recent)) if recent else None
 
     def _estimate(self, now: int) -> None:

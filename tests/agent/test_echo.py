@@ -7,6 +7,7 @@ generous; the figures are in docs/BENCHMARKS.md (``scripts/echo_bench.py``).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 
@@ -244,3 +245,41 @@ def test_the_reference_ring_holds_what_was_written_and_silence_elsewhere() -> No
             # held: the last ``size`` samples up to the furthest end reached (older ones were overwritten)
             want = [held.get(k, 0.0) if high - size <= k < end else 0.0 for k in range(a, b)]
             assert np.array_equal(ring.read(a, b), np.asarray(want, np.float32))
+
+
+async def test_the_pipecat_canceller_on_its_own_thread_cleans_as_it_does_inline() -> None:
+    """``PipecatEcho`` runs the canceller on a thread of the call's own (the event loop every call
+    shares keeps moving while AEC3 works); the far end, its truncation and the caller's frames reach
+    it in the pipeline's order, so the cleaned audio is the same as inline, frame for frame."""
+    import threading
+
+    from pipecat.frames.frames import InputAudioRawFrame, OutputAudioRawFrame
+
+    from agent.pipecat_echo import PipecatEcho
+
+    rng = np.random.default_rng(3)
+    bot = (rng.standard_normal(24000 * 4) * 4000).astype(np.int16)  # 4 s of the bot at 24 kHz
+    now = [0.0]
+    echoes = [PipecatEcho(clock=lambda: now[0], thread=t) for t in (True, False)]
+    outs: list[list[bytes]] = [[], []]
+    for i in range(200):  # 20 ms steps: the bot's frame out, the caller's frame (its echo, 8 kHz) in
+        now[0] = i * 0.02
+        far = bot[i * 480 : (i + 1) * 480] if i < 150 else np.zeros(480, np.int16)
+        near = (soxr.resample(far.astype(np.float32), 24000, 8000) * 0.3).astype(np.int16)
+        near = (near + rng.standard_normal(160) * 50).astype(np.int16).tobytes()
+        for echo, out in zip(echoes, outs, strict=True):
+            if i == 120:
+                echo.interrupted()  # a barge-in: the queued audio is dropped
+            echo.played(OutputAudioRawFrame(audio=far.tobytes(), sample_rate=24000, num_channels=1))
+            frame = InputAudioRawFrame(audio=near, sample_rate=8000, num_channels=1)
+            await echo.clean(frame)
+            out.append(frame.audio)
+            assert frame.sample_rate == 16000 and frame.num_frames == len(frame.audio) // 2
+    assert outs[0] == outs[1]
+    assert echoes[0].canceller.stats.frames == echoes[1].canceller.stats.frames > 380  # the resampler holds a few
+    threads = {t.name for t in threading.enumerate() if t.name.startswith("echo")}
+    assert threads, "the canceller ran inline"
+    echoes[0].close()
+    echoes[0].close()  # once more: a no-op (each of the three taps closes it)
+    await asyncio.sleep(0.2)
+    assert not {t.name for t in threading.enumerate() if t.name.startswith("echo")} & threads

@@ -137,7 +137,8 @@ def test_cpu_is_charged_to_the_part_that_spends_it() -> None:
         before, t0 = agent_calls.tree_cpu_parts(os.getpid()), time.monotonic()
         time.sleep(1.0)
         shares = agent_calls.cpu_shares(before, agent_calls.tree_cpu_parts(os.getpid()), time.monotonic() - t0)
-        assert shares["tts"] > 0.5 and shares["llm"] < 0.2, shares  # generous: a shared test machine
+        # generous: beside two other test workers on two cores the spinning child got 0.42 of one
+        assert shares["tts"] > 0.15 > shares["llm"], shares
         assert {"agent", "callers"} <= set(shares)
     finally:
         for p in (busy, idle):
