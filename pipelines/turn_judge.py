@@ -118,6 +118,11 @@ class TurnJudge:
     # mer-hit?") reads unfinished to the text model for reasons that are not the caller's. Off: on
     # the corpus Whisper writes "?" in mid-thought pauses too, and it cut more of them
     question_ends: bool = False
+    # a turn of ``doubt_words`` words or more that Whisper closed with a full stop or a question mark
+    # but that ends on a word the cue takes for "more to come" ("…before I turn on." for "…before I
+    # adopt a dog.") is judged by the text model as any sentence, not held ``continuing_s``: off until
+    # the corpus says what it costs in cut pauses (docs/BENCHMARKS.md, the judge's long asks)
+    doubt_continuing: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.text_unlikely <= self.text_likely <= 1.0:
@@ -149,7 +154,7 @@ class TurnJudge:
         (``None``: no such model) and how sure Whisper was of the last segment's words (their
         mean log-probability; ``None``: not known)."""
         ending = cue(text)
-        if ending == "continuing":
+        if ending == "continuing" and not self._closed_long_turn(text):
             return self.continuing_s
         trusted = self.trust_acoustic is not None and acoustic_complete is not None
         if trusted and acoustic_complete >= self.trust_acoustic:
@@ -166,6 +171,18 @@ class TurnJudge:
                 return self.between_s
             return self.unlikely_s
         return self.sentence_s if ending == "sentence" else self.other_s
+
+    def _closed_long_turn(self, text: str) -> bool:
+        """A long turn Whisper closed as a sentence though its last word reads as more to come
+        (``doubt_continuing``); a trailing comma, dash or ellipsis still waits."""
+        t = text.rstrip()
+        return (
+            self.doubt_continuing
+            and self.doubt_words is not None
+            and t.endswith((".", "?", "!"))
+            and not t.endswith(_TRAILING_MARKS)
+            and len(words(t)) >= self.doubt_words
+        )
 
     def _doubted(self, text: str, acoustic_complete: float | None, words_logprob: float | None) -> bool:
         """Whether an "unfinished" reading of the words is not to be waited on: the turn is long,

@@ -134,3 +134,20 @@ def test_a_question_mark_shortens_an_unfinished_reading_only_when_asked() -> Non
     assert asking.wait_s(garbled, None, 0.001) == asking.between_s
     assert asking.wait_s("I need to cancel.", None, 0.001) == asking.unlikely_s  # not a question
     assert asking.wait_s("Could you send me the", None, 0.9) == asking.continuing_s  # the cue still wins
+
+
+def test_a_long_turn_closed_as_a_sentence_on_a_continuing_word_can_be_read_as_any_sentence() -> None:
+    """``doubt_continuing`` (off by default): "…before I turn on." (Whisper's "adopt a dog") ends on a
+    word the cue takes for more to come, and waited ``continuing_s`` in long calls; with the option
+    the text model judges it as any long sentence. Short turns, and a trailing comma or ellipsis,
+    still wait."""
+    judge = TurnJudge()
+    on = TurnJudge(doubt_continuing=True)
+    garble = "Please tell me everything I should know before I turn on."
+    assert judge.wait_s(garble, None, 0.001) == judge.continuing_s
+    assert on.wait_s(garble, None, 0.001) == on.between_s  # long, read unfinished: the doubt's wait
+    assert on.wait_s(garble, None, 0.9) == on.likely_s
+    assert on.wait_s("I would like to go to.", None, 0.001) == on.continuing_s  # short: may be mid-thought
+    assert on.wait_s("Please tell me everything I should know before I turn on,", None, 0.9) == on.continuing_s
+    assert on.wait_s("Please tell me everything I should know before I turn on...", None, 0.9) == on.continuing_s
+    assert TurnJudge(doubt_continuing=True, doubt_words=None).wait_s(garble, None, 0.9) == on.continuing_s
