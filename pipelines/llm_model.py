@@ -344,7 +344,7 @@ class Llama:
         # on: a weight that is a view into the safetensors file at an odd offset (the int8 head sat at
         # 40 bytes past a 64-byte boundary) crashed the process (SIGSEGV) at the first batched decode
         # step on AVX-512 CPUs. A copy is allocated aligned.
-        misaligned = [n for n, t in tensors.items() if t.data_ptr() % ALIGN]
+        misaligned = any(t.data_ptr() % ALIGN for t in tensors.values())
         if widen or misaligned:
             # Every other tensor is copied too: tensors read with safetensors' load_file share one
             # mapping of the file, which any of them keeps resident, the widened originals included.

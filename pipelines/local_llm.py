@@ -433,9 +433,10 @@ class LocalLLM:
         # few longer than the room, drop one more step and keep the cache: the plain encoding would
         # fit but leave the cache at the first such reply and read everything after it again.
         for k in range(dropped, len(droppable) + TRIM_STEP, TRIM_STEP):
-            spelled = spelling.encode(without(min(k, len(droppable))))
+            k = min(k, len(droppable))
+            spelled = spelling.encode(without(k))
             if len(spelled) <= room:
-                return FittedPrompt(spelled, min(k, len(droppable)))
+                return FittedPrompt(spelled, k)
         return FittedPrompt(plain(dropped), dropped)
 
     def _spelling(self) -> CachedSpelling:

@@ -177,17 +177,17 @@ class TurnJudge:
         (``doubt_continuing``); a trailing comma, dash or ellipsis still waits."""
         t = text.rstrip()
         return (
-            self.doubt_continuing
-            and self.doubt_words is not None
-            and t.endswith((".", "?", "!"))
-            and not t.endswith(_TRAILING_MARKS)
-            and len(words(t)) >= self.doubt_words
+            self.doubt_continuing and t.endswith((".", "?", "!")) and not t.endswith(_TRAILING_MARKS) and self._long(t)
         )
+
+    def _long(self, text: str) -> bool:
+        """A turn of ``doubt_words`` words or more (None: no turn is)."""
+        return self.doubt_words is not None and len(words(text)) >= self.doubt_words
 
     def _doubted(self, text: str, acoustic_complete: float | None, words_logprob: float | None) -> bool:
         """Whether an "unfinished" reading of the words is not to be waited on: the turn is long,
         Whisper was unsure of its words, or the acoustic model is sure the turn is over."""
-        if self.doubt_words is not None and len(words(text)) >= self.doubt_words:
+        if self._long(text):
             return True
         unsure = self.doubt_logprob is not None and words_logprob is not None and words_logprob < self.doubt_logprob
         heard_done = (

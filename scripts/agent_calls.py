@@ -130,11 +130,16 @@ def _part(pid: int, root: int) -> str:
 def tree_rss_parts(root: int) -> dict[str, float]:
     """RSS in MB of the demo's parts (the agent, its local LLM, its TTS server, anything else):
     a growth is then charged to the process that grows."""
+    return {k: round(v, 1) for k, v in sorted(_by_part(root, lambda pid: _rss_kb(pid) / 1024).items())}
+
+
+def _by_part(root: int, measure) -> dict[str, float]:
+    """``measure(pid)`` summed over the processes of each part of the demo (see :func:`_part`)."""
     parts: dict[str, float] = {}
     for pid in _tree(root):
         part = _part(pid, root)
-        parts[part] = parts.get(part, 0.0) + _rss_kb(pid) / 1024
-    return {k: round(v, 1) for k, v in sorted(parts.items())}
+        parts[part] = parts.get(part, 0.0) + measure(pid)
+    return parts
 
 
 def _cpu_s(pid: int) -> float:
@@ -150,10 +155,7 @@ def tree_cpu_parts(root: int) -> dict[str, float]:
     """CPU seconds so far of the demo's parts (as :func:`tree_rss_parts`) and of the callers (this
     script: their audio, μ-law and sockets share the machine too). Two readings around a level say
     which part the machine's cores went to."""
-    parts: dict[str, float] = {}
-    for pid in _tree(root):
-        part = _part(pid, root)
-        parts[part] = parts.get(part, 0.0) + _cpu_s(pid)
+    parts = _by_part(root, _cpu_s)
     t = os.times()
     parts["callers"] = t.user + t.system
     return parts
