@@ -300,16 +300,17 @@ def turn_strategies(
 def cancels_echo(mode: str, *, phone: bool, page_echo: str | None = None) -> bool:
     """Whether a call gets the agent's echo canceller, by ``STREAMVOX_ECHO_CANCEL`` and the call.
 
-    "auto" (the default) cancels on phone calls and on page calls whose page asks the browser for
-    echo cancellation (loudspeakers: the page's default), not with headphones, nor for a WebRTC
-    client that did not say: on loudspeakers a browser whose canceller lets the echo through made the
-    agent stop or answer itself ~16 times in 30 s, ours took that to 0-3 a session; with no echo at
-    all, ours can duck a caller who talks over the call's first second of bot audio, before it can
-    tell that there is none (docs/BENCHMARKS.md, "Echo").
+    "auto" (the default) cancels on phone calls and on page calls on loudspeakers (the page asks the
+    browser for echo cancellation, "browser-aec", or sends the raw microphone for the agent alone to
+    cancel, "agent-aec"), not with headphones, nor for a WebRTC client that did not say: on
+    loudspeakers a browser whose canceller lets the echo through made the agent stop or answer
+    itself ~16 times in 30 s, ours took that to 0-3 a session; with no echo at all, ours can duck
+    a caller who talks over the call's first second of bot audio, before it can tell that there is
+    none (docs/BENCHMARKS.md, "Echo").
     """
     if mode in ("on", "off"):
         return mode == "on"
-    return phone or (mode == "auto" and page_echo == "browser-aec")
+    return phone or (mode == "auto" and page_echo in ("browser-aec", "agent-aec"))
 
 
 def build_agent(
@@ -321,7 +322,7 @@ def build_agent(
     services=None,
 ) -> Agent:
     """The listen-think-talk pipeline on ``transport`` (``phone``: 8 kHz out, as Twilio plays it;
-    ``page_echo``: the page's echo mode, "browser-aec" or "raw-mic", where it said one)."""
+    ``page_echo``: the page's echo mode, "browser-aec", "agent-aec" or "raw-mic", where it said one)."""
     stt, llm, tts = services or make_services(config)
     # On the phone line the short window's own rule: a caller's unsure segment no longer waits seconds
     # for the full window's decode (which often returned nothing); measured against the speakerphone's

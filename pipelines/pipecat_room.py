@@ -72,9 +72,9 @@ class RoomAgent(Protocol):
 
 
 # (transport, phone) -> agent; ``phone``: the transport is an 8 kHz phone line
-# (transport, phone, the page's echo mode: "browser-aec" | "raw-mic" | None when it did not say) -> agent
+# (transport, phone, the page's echo mode: "browser-aec" | "agent-aec" | "raw-mic" | None when it did not say) -> agent
 AgentFactory = Callable[[BaseTransport, bool, str | None], RoomAgent]
-PAGE_ECHO_MODES = ("browser-aec", "raw-mic")  # what the page sends in /start (pipelines/web/app.js)
+PAGE_ECHO_MODES = ("browser-aec", "agent-aec", "raw-mic")  # what the page sends in /start (pipelines/web/app.js)
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@
 The demo (``python -m pipelines.pipecat_agent``, started once) and headless Chromium with the
 browser test's fake-microphone file (``support.browser.harness``: silence; speech over the
 greeting; silence; a question), ``--runs`` sessions with headphones (echo cancellation off) and
-``--runs`` with the browser's echo cancellation on. Each session gives one barge-in (over the
+``--runs`` with the browser's echo cancellation on (and, with ``--modes ...,agent-cancels``, on
+loudspeakers with the raw microphone, the agent cancelling alone). Each session gives one barge-in (over the
 greeting) and two replies (to the barge-in, to the question). Printed and written as JSON:
 
 * at the page: voice-to-voice (end of the caller's speech -> first bot audio), barge-in yield
@@ -153,6 +154,12 @@ def _echo(level: str, args: argparse.Namespace) -> H.EchoPath | None:
     )
 
 
+# the page's echo modes by name: headphones (raw microphone, nobody cancels), loudspeakers with the
+# browser's echo cancellation (the agent cleans what it lets through), loudspeakers with the raw
+# microphone and the agent cancelling alone; the value is the page's loudspeakers setting
+MODES = {"headphones": "browser", "echo-cancellation": "browser", "agent-cancels": "agent"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="sessions per mode (default 5)")
@@ -187,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             print(report(mode, summarise(sessions)) + "\n")
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = set(modes) - {"headphones", "echo-cancellation"}
+    unknown = set(modes) - set(MODES)
     if unknown or args.runs < 1:
-        parser.error(f"--modes takes headphones and/or echo-cancellation (not {sorted(unknown)}); --runs >= 1")
+        parser.error(f"--modes takes {', '.join(MODES)} (not {sorted(unknown)}); --runs >= 1")
     if not 0.5 <= args.lead_s <= 60:
         parser.error("--lead-s takes 0.5 to 60 seconds")
     if args.greeting is not None and not args.greeting.strip():
@@ -221,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     demo.base,
                     plan,
                     headphones=mode == "headphones",
+                    loudspeakers=MODES[mode],
                     browser=paths[0],
                     driver_path=paths[1],
                     echo=echo,

@@ -30,6 +30,7 @@ const ui = {
   connect: $("connect"),
   disconnect: $("disconnect"),
   headphones: $("headphones"),
+  loudspeakers: $("loudspeakers"),
   echoMode: $("echo-mode"),
   state: $("state"),
   message: $("message"),
@@ -59,7 +60,7 @@ const svx = {
   botSegments: [], // {start, end}: the agent audible (end null while it still is)
   micSegments: [], // {start, end}: the caller audible
   headphones: false,
-  echoMode: null, // "browser-aec" | "raw-mic": what the last Connect asked for (also sent in /start)
+  echoMode: null, // "browser-aec" | "agent-aec" | "raw-mic": what the last Connect asked for (also sent in /start)
   clock: () => (audio.ctx ? audio.ctx.currentTime : null),
   botAudio, // (from, to) -> base64 of 16 kHz s16le mono: what the agent's track carried
   // everything above as plain JSON (records hold their table row, which is not data)
@@ -93,15 +94,35 @@ ui.headphones.addEventListener("change", () => {
   showEchoMode();
   if (conn.pc) info("The headphones setting applies from the next Connect.");
 });
+// On loudspeakers, who cancels the echo ("browser" or "agent"; ?loudspeakers= overrides what was stored)
+const LOUDSPEAKERS = ["browser", "agent"];
+const DEFAULT_LOUDSPEAKERS = "browser";
+const storedLs = localStorage.getItem("streamvox.loudspeakers");
+const askedLs = params.get("loudspeakers");
+ui.loudspeakers.value = LOUDSPEAKERS.includes(askedLs) ? askedLs : LOUDSPEAKERS.includes(storedLs) ? storedLs : DEFAULT_LOUDSPEAKERS;
+ui.loudspeakers.addEventListener("change", () => {
+  localStorage.setItem("streamvox.loudspeakers", ui.loudspeakers.value);
+  showEchoMode();
+  if (conn.pc) info("The loudspeakers setting applies from the next Connect.");
+});
 
-// Which echo mode the page is in (sent in /start): on loudspeakers the browser cancels echo before
-// sending and the agent cancels what it lets through (STREAMVOX_ECHO_CANCEL=auto, the demo's default);
-// with headphones the page sends the raw microphone and nobody cancels (there is no echo).
-const echoModeOf = (headphones) => (headphones ? "raw-mic" : "browser-aec");
+// Which echo mode the page is in (sent in /start, STREAMVOX_ECHO_CANCEL=auto acts on it): with
+// headphones the page sends the raw microphone and nobody cancels (there is no echo); on loudspeakers
+// either the browser cancels echo before sending and the agent cancels what it lets through
+// ("browser-aec"), or the page sends the raw microphone and the agent alone cancels, with the exact
+// audio it played as the reference ("agent-aec"): the browser's canceller also ducks a caller who talks
+// over the agent (docs/BENCHMARKS.md, "Echo").
+const echoModeOf = (headphones, loudspeakers) => (headphones ? "raw-mic" : loudspeakers === "agent" ? "agent-aec" : "browser-aec");
+const ECHO_MODE_TEXT = {
+  "raw-mic": "echo: raw microphone (headphones: none to cancel)",
+  "browser-aec": "echo: cancelled by the browser, and what it lets through by the agent",
+  "agent-aec": "echo: raw microphone, cancelled by the agent",
+};
 function showEchoMode() {
-  const mode = conn.pc && svx.echoMode ? svx.echoMode : echoModeOf(ui.headphones.checked);
-  ui.echoMode.textContent = mode === "raw-mic" ? "echo: raw microphone (headphones: none to cancel)" : "echo: cancelled by the browser, and what it lets through by the agent";
+  const mode = conn.pc && svx.echoMode ? svx.echoMode : echoModeOf(ui.headphones.checked, ui.loudspeakers.value);
+  ui.echoMode.textContent = ECHO_MODE_TEXT[mode];
   ui.echoMode.dataset.mode = mode;
+  ui.loudspeakers.disabled = ui.headphones.checked;
 }
 showEchoMode();
 
@@ -142,9 +163,11 @@ async function connect() {
   ui.connect.disabled = true;
   ui.disconnect.disabled = false;
   svx.headphones = ui.headphones.checked;
-  svx.echoMode = echoModeOf(svx.headphones);
+  svx.echoMode = echoModeOf(svx.headphones, ui.loudspeakers.value);
   setState("working", "asking for the microphone…");
-  const processing = !svx.headphones; // the browser's echo cancellation and its companions
+  // the browser's echo cancellation and its companions (noise suppression and gain control change
+  // the echo's path too, which the agent's canceller would have to follow: off when it cancels)
+  const processing = svx.echoMode === "browser-aec";
   if (!window.isSecureContext || !navigator.mediaDevices) {
     return fail(`Browsers give the microphone only to secure pages: open http://localhost:${location.port || 80}/ on the machine that runs the agent (or serve this page over HTTPS).`);
   }

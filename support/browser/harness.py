@@ -443,6 +443,7 @@ def run_session(
     timeout_s: float = 90.0,
     echo: EchoPath | None = None,
     session_s: float | None = None,
+    loudspeakers: str = "browser",
 ) -> Session:
     """Open the page, press Connect, let the microphone file play out, collect what happened.
 
@@ -450,11 +451,13 @@ def run_session(
     (or at ``timeout_s``, the caller then sees what is missing in the assertions); with
     ``session_s``, at that time on the microphone's clock instead (an agent that talks to its own
     echo may never fall silent). ``echo``: the page sends the microphone plus the agent's echo.
+    ``loudspeakers`` (without headphones): who cancels the echo, "browser" or "agent" (the page's
+    setting of that name).
     """
     wait_for_a_free_line(base_url)
     driver = open_browser(plan.path, browser=browser, driver=driver_path, echo=echo)
     try:
-        driver.get(f"{base_url}/?headphones={int(headphones)}")
+        driver.get(f"{base_url}/?headphones={int(headphones)}&loudspeakers={loudspeakers}")
         driver.find_element("id", "connect").click()
         deadline = time.monotonic() + timeout_s
         shot_taken: set[str] = set()

@@ -285,6 +285,8 @@ def test_the_page_says_when_the_microphone_is_denied(chromium, page_without_agen
 
 
 def test_the_page_says_which_echo_mode_it_is_in(chromium, page_without_agent) -> None:
+    from selenium.webdriver.support.ui import Select
+
     browser, driver_path = chromium
     driver = H.open_browser(None, browser=browser, driver=driver_path)
     try:
@@ -293,7 +295,20 @@ def test_the_page_says_which_echo_mode_it_is_in(chromium, page_without_agent) ->
         before = (label.text, label.get_attribute("data-mode"))
         driver.find_element("id", "headphones").click()
         after = (label.text, label.get_attribute("data-mode"))
+        loudspeakers = driver.find_element("id", "loudspeakers")
+        disabled_with_headphones = not loudspeakers.is_enabled()
+        driver.find_element("id", "headphones").click()
+        Select(loudspeakers).select_by_value("agent")
+        agent = (label.text, label.get_attribute("data-mode"))
+        driver.get(f"{page_without_agent}/")  # the choice is kept for the next visit
+        kept = driver.find_element("id", "echo-mode").get_attribute("data-mode")
+        driver.get(f"{page_without_agent}/?loudspeakers=browser")  # and a link can override it
+        asked = driver.find_element("id", "echo-mode").get_attribute("data-mode")
+        driver.execute_script("localStorage.clear();")
     finally:
         driver.quit()
     assert before == ("echo: cancelled by the browser, and what it lets through by the agent", "browser-aec"), before
     assert after == ("echo: raw microphone (headphones: none to cancel)", "raw-mic"), after
+    assert disabled_with_headphones
+    assert agent == ("echo: raw microphone, cancelled by the agent", "agent-aec"), agent
+    assert (kept, asked) == ("agent-aec", "browser-aec")

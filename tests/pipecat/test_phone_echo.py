@@ -181,6 +181,7 @@ def test_echo_mode_setting() -> None:
     # who gets the canceller: phone calls, and page calls on loudspeakers (auto, the Pipecat default)
     assert cancels_echo("auto", phone=True) and cancels_echo("phone", phone=True)
     assert cancels_echo("auto", phone=False, page_echo="browser-aec")
+    assert cancels_echo("auto", phone=False, page_echo="agent-aec")  # loudspeakers, the raw microphone
     assert not cancels_echo("auto", phone=False, page_echo="raw-mic") and not cancels_echo("auto", phone=False)
     assert not cancels_echo("phone", phone=False, page_echo="browser-aec")
     assert cancels_echo("on", phone=False) and not cancels_echo("off", phone=True)

@@ -101,15 +101,15 @@ async def test_a_page_on_loudspeakers_gets_the_agents_echo_canceller(engine):
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     async with counting_server(engine) as tts_server, fake_llm() as (llm_url, _requests):
-        # three calls one after the other: a closed call's line may not be free yet when the next starts
-        room = RoomLimits(max_calls=3)
+        # four calls one after the other: a closed call's line may not be free yet when the next starts
+        room = RoomLimits(max_calls=4)
         config = AgentConfig(tts_url=tts_server.ws_url, llm_base_url=llm_url, llm_model="fake", room=room)
         assert config.echo_cancel == "auto"
         async with room_server(config) as (base, agents), aiohttp.ClientSession() as http:
-            for n, mode in enumerate(("browser-aec", "raw-mic", None)):
+            for n, mode in enumerate(("browser-aec", "agent-aec", "raw-mic", None)):
                 async with webrtc_call(http, base, echo_mode=mode):
                     deadline = time.monotonic() + 20
                     while len(agents) <= n and time.monotonic() < deadline:
                         await asyncio.sleep(0.05)
                     assert len(agents) > n, f"no agent for the {mode} call"
-                    assert (agents[n].echo is not None) == (mode == "browser-aec"), mode
+                    assert (agents[n].echo is not None) == (mode in ("browser-aec", "agent-aec")), mode
