@@ -120,9 +120,10 @@ class TurnJudge:
     question_ends: bool = False
     # a turn of ``doubt_words`` words or more that Whisper closed with a full stop or a question mark
     # but that ends on a word the cue takes for "more to come" ("…before I turn on." for "…before I
-    # adopt a dog.") is judged by the text model as any sentence, not held ``continuing_s``: off until
-    # the corpus says what it costs in cut pauses (docs/BENCHMARKS.md, the judge's long asks)
-    doubt_continuing: bool = False
+    # adopt a dog.") is judged by the text model as any sentence, not held ``continuing_s``: on the
+    # corpus it cut no more pauses and shortened the long asks' worst case (docs/BENCHMARKS.md, the
+    # judge's long asks); long calls met such garbles where the corpus holds few
+    doubt_continuing: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.text_unlikely <= self.text_likely <= 1.0:

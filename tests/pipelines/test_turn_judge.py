@@ -137,12 +137,12 @@ def test_a_question_mark_shortens_an_unfinished_reading_only_when_asked() -> Non
 
 
 def test_a_long_turn_closed_as_a_sentence_on_a_continuing_word_can_be_read_as_any_sentence() -> None:
-    """``doubt_continuing`` (off by default): "…before I turn on." (Whisper's "adopt a dog") ends on a
+    """``doubt_continuing`` (on by default): "…before I turn on." (Whisper's "adopt a dog") ends on a
     word the cue takes for more to come, and waited ``continuing_s`` in long calls; with the option
     the text model judges it as any long sentence. Short turns, and a trailing comma or ellipsis,
     still wait."""
-    judge = TurnJudge()
-    on = TurnJudge(doubt_continuing=True)
+    judge = TurnJudge(doubt_continuing=False)
+    on = TurnJudge()
     garble = "Please tell me everything I should know before I turn on."
     assert judge.wait_s(garble, None, 0.001) == judge.continuing_s
     assert on.wait_s(garble, None, 0.001) == on.between_s  # long, read unfinished: the doubt's wait
