@@ -82,6 +82,15 @@ class ChatTokenizer:
         between = rendered[rendered.index(marks[0]) + len(marks[0]) : rendered.index(marks[1])]
         return self.tokenizer.encode(between, add_special_tokens=False).ids if between else []
 
+    def reply_opening(self) -> list[int]:
+        """The template's tokens between the caller's last word and a reply's first: for SmolLM2's
+        template the end token and ``\n<|im_start|>assistant\n``. Where they occur in a prompt an
+        earlier reply follows (:class:`CopyBan`)."""
+        marks = ("\x00said\x00", "\x00reply\x00")
+        rendered = self.render([{"role": "user", "content": marks[0]}, {"role": "assistant", "content": marks[1]}])
+        between = rendered[rendered.index(marks[0]) + len(marks[0]) : rendered.index(marks[1])]
+        return self.tokenizer.encode(between, add_special_tokens=False).ids if between else []
+
 
 class StreamDecoder:
     """Token ids in, text pieces out, never splitting a multi-byte character.
@@ -145,6 +154,7 @@ class TurnStats:
     moved_tokens: int = 0  # cached tokens moved to earlier positions because the history lost its oldest part
     dropped_tokens: int = 0  # cached tokens that part held
     looped: bool = False  # the reply was ended where it started saying one short cycle over and over
+    copy_blocked: int = 0  # steps at which a token that would copy an earlier reply was ruled out (CopyBan)
 
 
 LOOP_CYCLE = 8  # the longest cycle, in tokens, :func:`repeats_itself` looks for
@@ -170,6 +180,64 @@ def repeats_itself(tokens: list[int]) -> bool:
         if all(tokens[n - (k + 1) * p : n - k * p] == tail for k in range(1, reps)):
             return True
     return False
+
+
+COPY_NGRAM = 8  # tokens (about six words) of an earlier reply a new one may not say again in a row
+
+
+class CopyBan:
+    """A reply may not copy its conversation's earlier replies: no run of ``n`` tokens that one of
+    them said, in a row.
+
+    Why: the demo's small model copies its own history. In a 20-turn call, from the third turn on
+    every reply carried the same sentence ("So step by step, I'm going to show you some tips.",
+    the repetition penalty notwithstanding): the caller heard it in every answer, and the answers
+    shrank to it. :class:`pipelines.llm_repeats.SentenceRepeats` stops a reply that repeats
+    itself; this keeps one from repeating the ones before, at the source: while the reply's last
+    ``n - 1`` tokens are a run an earlier reply said, the token that continued that run there is
+    not chosen (the transformers ``no_repeat_ngram_size`` rule, over the earlier replies instead of
+    the reply itself). A common phrase of fewer than ``n`` tokens stays free.
+    """
+
+    def __init__(self, table: dict[tuple[int, ...], set[int]], n: int = COPY_NGRAM) -> None:
+        self.table, self.n = table, n
+        self.blocked = 0  # steps at which a copying token was ruled out
+
+    @classmethod
+    def of(cls, prompt: list[int], opening: list[int], end_ids: frozenset[int], n: int = COPY_NGRAM) -> CopyBan:
+        """The earlier replies in ``prompt``: each run of tokens after ``opening`` up to an end token."""
+        table: dict[tuple[int, ...], set[int]] = {}
+        k, i = len(opening), 0
+        while k and (i := _find(prompt, opening, i)) >= 0:
+            j = i = i + k
+            while j < len(prompt) and prompt[j] not in end_ids:
+                j += 1
+            span = prompt[i:j]
+            for a in range(len(span) - n + 1):
+                table.setdefault(tuple(span[a : a + n - 1]), set()).add(span[a + n - 1])
+            i = j
+        return cls(table, n)
+
+    def apply(self, reply: list[int], logits: Tensor) -> Tensor:
+        """``logits`` with the tokens that would continue a copied run ruled out (a copy if any)."""
+        if len(reply) < self.n - 1 or not self.table:
+            return logits
+        banned = self.table.get(tuple(reply[1 - self.n :]))
+        if not banned:
+            return logits
+        self.blocked += 1
+        logits = logits.clone()
+        logits[list(banned)] = float("-inf")
+        return logits
+
+
+def _find(seq: list[int], sub: list[int], start: int) -> int:
+    """The index of ``sub`` in ``seq`` from ``start`` on, or -1."""
+    first, k = sub[0], len(sub)
+    for i in range(start, len(seq) - k + 1):
+        if seq[i] == first and seq[i : i + k] == sub:
+            return i
+    return -1
 
 
 class ChatEngine:
@@ -279,6 +347,7 @@ class ChatEngine:
         stats: TurnStats | None = None,
         yield_prefill: bool = False,
         batched: bool = False,
+        ban: CopyBan | None = None,
     ) -> Generator[int | DecodeStep | None, Tensor | None, None]:
         """Yield the reply's token ids (end token excluded); ``stats`` (and :attr:`last`) get its figures.
 
@@ -290,6 +359,7 @@ class ChatEngine:
         (the token, its slot and position) and the generator waits to be sent that step's logits;
         the caller runs several requests' steps as one :meth:`Llama.decode`. The reply's last
         token (its ``max_tokens``-th) comes as a plain id.
+        ``ban``: runs of the conversation's earlier replies this one may not copy (:class:`CopyBan`).
         A slot is claimed while its generator runs; another request never takes it meanwhile.
         """
         m = self.model
@@ -335,6 +405,9 @@ class ChatEngine:
             reply: list[int] = []
             try:
                 while stats.completion_tokens < limit:
+                    if ban is not None:
+                        logits = ban.apply(reply, logits)
+                        stats.copy_blocked = ban.blocked
                     token = choose(logits, seen, sampling, gen)
                     if token in eos_ids:
                         stats.finish_reason = "stop"

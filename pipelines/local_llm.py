@@ -258,6 +258,7 @@ class LocalLLM:
         concurrent: int | None = None,
         dense: str = "auto",
         read_ahead: bool = True,
+        copy_ban: bool = True,
     ) -> None:
         from .llm_model import dense_dtype
 
@@ -272,6 +273,8 @@ class LocalLLM:
         self.precision, self.slots, self.max_len, self.trim = precision, slots, max_len, trim
         self.dense = dense
         self.read_ahead = read_ahead
+        self.copy_ban = copy_ban  # a reply may not copy the conversation's earlier ones (llm_chat.CopyBan)
+        self._reply_opening: list[int] = []  # the template's tokens before a reply (ChatTokenizer.reply_opening)
         self._opening: list[int] = []  # the template's next-turn opening (ChatTokenizer.turn_opening)
         self._ahead: dict[int, int] = {}  # slot -> its length when its reply ended: read its opening when idle
         self.read_aheads = 0  # openings read ahead (figures, tests)
@@ -297,6 +300,7 @@ class LocalLLM:
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._opening = self.tokenizer.turn_opening() if self.read_ahead else []
+        self._reply_opening = self.tokenizer.reply_opening() if self.copy_ban else []
         # characters the vocabulary's longest token spans (SmolLM2: 81, a run of spaces): a text longer than
         # the cache's room times this cannot fit, which fit_prompt tells without tokenising it
         self._longest_token = max(len(token) for token in self.tokenizer.tokenizer.get_vocab())
@@ -554,12 +558,13 @@ class LocalLLM:
             log.exception("reading a conversation's next-turn opening ahead failed")
 
     def _begin(self, job: _Job) -> _Job:
-        from .llm_chat import TurnStats
+        from .llm_chat import CopyBan, TurnStats
 
         job.stats = TurnStats()
         job.decoder = self.tokenizer.decoder()
         if log.isEnabledFor(logging.DEBUG):
             job.diverged = self._divergence(job.fitted.ids)
+        opening, ends = self._reply_opening, self.tokenizer.eos_ids
         job.tokens = self.engine.generate(
             job.fitted.ids,
             job.sampling,
@@ -568,6 +573,7 @@ class LocalLLM:
             stats=job.stats,
             yield_prefill=self.concurrent > 1,
             batched=True,
+            ban=CopyBan.of(job.fitted.ids, opening, ends) if self.copy_ban and opening else None,
         )
         return job
 
@@ -676,6 +682,8 @@ class LocalLLM:
                 last.decode_s * 1000,
                 last.finish_reason,
             )
+            if last.copy_blocked:
+                log.debug("  %d steps ruled out a token that would copy an earlier reply", last.copy_blocked)
             if job.diverged and last.prompt_tokens - last.reused_tokens > 64:
                 log.debug("  that prompt left the cache %s", job.diverged)
         try:
@@ -992,6 +1000,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="do not read a conversation's next-turn opening while the caller listens (see ChatEngine.read_ahead)",
     )
+    parser.add_argument(
+        "--no-copy-ban",
+        dest="copy_ban",
+        action="store_false",
+        help="let a reply copy runs of the conversation's earlier replies (see llm_chat.CopyBan)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log each request's prefill and decode figures")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1008,6 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrent=args.concurrent,
             dense=args.dense,
             read_ahead=args.read_ahead,
+            copy_ban=args.copy_ban,
         )
         llm.load()
     except (LLMLoadError, ValueError) as exc:

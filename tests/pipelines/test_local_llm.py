@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -578,6 +579,7 @@ def test_a_reply_that_starts_saying_a_sentence_again_ends_before_it(llm: LocalLL
         _, _, finish, _ = llm.stream(history, max_tokens=64, temperature=0.0, stop=stop, emit=pieces.append)
         return "".join(pieces), finish
 
+    monkeypatch.setattr(llm, "copy_ban", False)  # the copies come from the history: this test is about the guard
     tried = []
     for ask, sentence, times, again in loops:
         history[:] = [
@@ -602,6 +604,53 @@ def test_a_reply_that_starts_saying_a_sentence_again_ends_before_it(llm: LocalLL
     assert finish == "stop"
     assert any("went round in a loop" in r.getMessage() for r in caplog.records)
     assert llm.written.restore([{"role": "assistant", "content": guarded}])[0]["content"] == guarded
+
+
+def test_a_reply_does_not_copy_the_earlier_replies(llm: LocalLLM, monkeypatch) -> None:
+    """A 20-turn call's replies all carried "So step by step, I'm going to show you some tips."
+    from the third turn on: the model copied its own history into every answer. With that history
+    the real model copies it again unless the copy ban (``llm_chat.CopyBan``) rules it out; with the
+    ban the reply holds no run of the earlier replies' words long enough to be a copy, and still
+    answers."""
+    tip = "So step by step, I'm going to show you some tips."
+    history = [
+        {"role": "user", "content": "How does a train get from one city to another?"},
+        {"role": "assistant", "content": f"No worries, I'm glad you like it. {tip}"},
+        {"role": "user", "content": "What should I pack for a week of hiking?"},
+        {"role": "assistant", "content": f"Well, well, I'm happy to help. {tip}"},
+        {"role": "user", "content": "Tell me how to change a flat tyre on my car."},
+    ]
+
+    def reply() -> str:
+        llm.engine.reset()
+        pieces: list[str] = []
+        llm.stream(history, max_tokens=48, temperature=0.0, stop=threading.Event(), emit=pieces.append)
+        return "".join(pieces)
+
+    earlier = " ".join(_plain_words(m["content"]) for m in history if m["role"] == "assistant")
+    with monkeypatch.context() as m:  # the premise: without the ban the greedy reply copies its history
+        m.setattr(llm, "copy_ban", False)
+        copied = reply()
+    assert _longest_run(copied, earlier) >= 7, copied
+    fresh = reply()
+    assert len(_plain_words(fresh).split()) >= 3, fresh
+    assert _longest_run(fresh, earlier) < 7, (fresh, copied)
+    assert llm.engine.last.copy_blocked > 0
+
+
+def _plain_words(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower().replace("’", "'")))
+
+
+def _longest_run(text: str, earlier: str) -> int:
+    """The most words in a row of ``text`` that ``earlier`` also says in a row."""
+    words, best = _plain_words(text).split(), 0
+    for i in range(len(words)):
+        for j in range(i + best + 1, len(words) + 1):
+            if f" {' '.join(words[i:j])} " not in f" {earlier} ":
+                break
+            best = j - i
+    return best
 
 
 @pytest.mark.parametrize(
