@@ -96,9 +96,11 @@ async def record(paths: list[str], stop_secs: float, long_asks: int = 0) -> dict
     return out
 
 
-def replay(turn: E.Turn, events: list[dict], judge: TurnJudge) -> E.Outcome:
+def replay(turn: E.Turn, events: list[dict], judge: TurnJudge, *, cue_alone: bool = False) -> E.Outcome:
     """The decisions ``judge`` makes on one recorded turn: at each VAD stop a wait (at least the STT's
-    and the model's time), withdrawn by the next VAD start that comes before it."""
+    and the model's time), withdrawn by the next VAD start that comes before it. ``cue_alone``: as if
+    the text model's read came too late every time (a loaded machine past the agent's deadline for
+    it): the transcript's cue decides, as soon as the transcript is in."""
     decisions: list[float] = []
     pending: float | None = None
     for ev in events:
@@ -107,18 +109,21 @@ def replay(turn: E.Turn, events: list[dict], judge: TurnJudge) -> E.Outcome:
                 decisions.append(pending)
             pending = None
         else:
-            wait = judge.wait_s(ev["text"], ev["acoustic"], ev.get("words"), ev.get("logprob"))
-            pending = ev["t"] + max(wait, ev["stt_s"] + ev.get("words_s", 0.0))
+            words, words_s = (None, 0.0) if cue_alone else (ev.get("words"), ev.get("words_s", 0.0))
+            wait = judge.wait_s(ev["text"], ev["acoustic"], words, ev.get("logprob"))
+            pending = ev["t"] + max(wait, ev["stt_s"] + words_s)
     if pending is not None:
         decisions.append(pending)
     return E._outcome(turn, decisions, [])
 
 
-def score(recorded, judge: TurnJudge, name: str, stop_secs: float, voices: set[str] | None = None) -> dict:
+def score(
+    recorded, judge: TurnJudge, name: str, stop_secs: float, voices: set[str] | None = None, cue_alone: bool = False
+) -> dict:
     rows = {}
     for path, items in recorded.items():
         kept = [(t, ev) for t, ev in items if voices is None or t.voice in voices]
-        outcomes = [replay(t, ev, judge) for t, ev in kept]
+        outcomes = [replay(t, ev, judge, cue_alone=cue_alone) for t, ev in kept]
         rows[path] = E.summarise(name, stop_secs, [t for t, _ in kept], outcomes)
     return rows
 
@@ -184,6 +189,11 @@ async def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE[,NAME=VALUE]",
         help="score this change of the defaults beside them (e.g. question_ends=1); repeatable",
     )
+    parser.add_argument(
+        "--cue-alone",
+        action="store_true",
+        help="also score the defaults as if the text model's read were always too late (the cue alone decides)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     try:
@@ -201,6 +211,9 @@ async def main(argv: list[str] | None = None) -> int:
     print(line("the judge's defaults", default, score(recorded, default, "default", args.stop_secs)))
     for spec, judge in zip(args.also, variants, strict=True):
         print(line(f"the defaults with {spec}", judge, score(recorded, judge, spec, args.stop_secs)))
+    if args.cue_alone:
+        rows = score(recorded, default, "cue alone", args.stop_secs, cue_alone=True)
+        print(line("the defaults, the text model's read always late (the cue alone)", default, rows))
     chosen = choose(recorded, args.stop_secs, args.max_cuts)
     print(line(f"the grid's best at <= {args.max_cuts:.1%} cut", chosen[1], chosen[2]) if chosen else "no rule fits")
     voices = sorted({t.voice for items in recorded.values() for t, _ in items})
