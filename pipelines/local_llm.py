@@ -300,7 +300,7 @@ class LocalLLM:
         self.max_len = model.max_len
         self.engine = ChatEngine(model, follow_trims=self.trim == "shift")
         self._opening = self.tokenizer.turn_opening() if self.read_ahead else []
-        self._reply_opening = self.tokenizer.reply_opening() if self.copy_ban else []
+        self._reply_opening = self.tokenizer.reply_opening()  # cheap; the ban is applied per request while copy_ban
         # characters the vocabulary's longest token spans (SmolLM2: 81, a run of spaces): a text longer than
         # the cache's room times this cannot fit, which fit_prompt tells without tokenising it
         self._longest_token = max(len(token) for token in self.tokenizer.tokenizer.get_vocab())
