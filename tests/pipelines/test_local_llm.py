@@ -612,14 +612,29 @@ def test_a_reply_does_not_copy_the_earlier_replies(llm: LocalLLM, monkeypatch) -
     the real model copies it again unless the copy ban (``llm_chat.CopyBan``) rules it out; with the
     ban the reply holds no run of the earlier replies' words long enough to be a copy, and still
     answers."""
+    # Which history the greedy reply copies depends on the CPU's numerics (the looping-history test
+    # met that on an AMX Xeon): the first of these that it copies without the ban is used.
     tip = "So step by step, I'm going to show you some tips."
-    history = [
-        {"role": "user", "content": "How does a train get from one city to another?"},
-        {"role": "assistant", "content": f"No worries, I'm glad you like it. {tip}"},
-        {"role": "user", "content": "What should I pack for a week of hiking?"},
-        {"role": "assistant", "content": f"Well, well, I'm happy to help. {tip}"},
-        {"role": "user", "content": "Tell me how to change a flat tyre on my car."},
+    glad = "Great question, I'm glad you asked. Here is what you need to know."
+    candidates = [
+        [
+            ("How does a train get from one city to another?", f"No worries, I'm glad you like it. {tip}"),
+            ("What should I pack for a week of hiking?", f"Well, well, I'm happy to help. {tip}"),
+            ("Tell me how to change a flat tyre on my car.", None),
+        ],
+        [
+            ("How does a train get from one city to another?", f"No worries, I'm glad you like it. {tip}"),
+            ("What should I pack for a week of hiking?", f"Well, well, I'm happy to help. {tip}"),
+            ("How do I plan a birthday party?", f"Absolutely, I'm glad you're enjoying this. {tip}"),
+            ("Tell me how to change a flat tyre on my car.", None),
+        ],
+        [
+            ("How do I bake bread?", f"{glad} Mix flour, water and yeast."),
+            ("How do I grow tomatoes?", f"{glad} Give them sun and water."),
+            ("How do I learn a language?", None),
+        ],
     ]
+    history: list[dict[str, str]] = []
 
     def reply() -> str:
         llm.engine.reset()
@@ -627,11 +642,23 @@ def test_a_reply_does_not_copy_the_earlier_replies(llm: LocalLLM, monkeypatch) -
         llm.stream(history, max_tokens=48, temperature=0.0, stop=threading.Event(), emit=pieces.append)
         return "".join(pieces)
 
-    earlier = " ".join(_plain_words(m["content"]) for m in history if m["role"] == "assistant")
-    with monkeypatch.context() as m:  # the premise: without the ban the greedy reply copies its history
-        m.setattr(llm, "copy_ban", False)
-        copied = reply()
-    assert _longest_run(copied, earlier) >= 7, copied
+    tried = []
+    for turns in candidates:
+        history[:] = [
+            {"role": role, "content": text}
+            for ask, answer in turns
+            for role, text in (("user", ask), ("assistant", answer))
+            if text is not None
+        ]
+        earlier = " ".join(_plain_words(m["content"]) for m in history if m["role"] == "assistant")
+        with monkeypatch.context() as m:  # the premise: without the ban the greedy reply copies its history
+            m.setattr(llm, "copy_ban", False)
+            copied = reply()
+        if _longest_run(copied, earlier) >= 7:
+            break
+        tried.append(copied)
+    else:
+        pytest.fail(f"no history made the reply copy it without the ban: no premise {tried}")
     fresh = reply()
     assert len(_plain_words(fresh).split()) >= 3, fresh
     assert _longest_run(fresh, earlier) < 7, (fresh, copied)
