@@ -36,6 +36,9 @@ PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds attention memory; 
 MIN_FOLLOW = 16  # cached tokens worth moving (see ChatEngine._follow_trim); fewer are simply re-read
 
 
+_MARKS = ("\x00first\x00", "\x00second\x00")  # placeholder texts whose template tokens between are wanted
+
+
 class ChatTokenizer:
     """``encode_chat(messages)`` -> prompt token ids with the generation prompt, as transformers does."""
 
@@ -76,19 +79,18 @@ class ChatTokenizer:
         For SmolLM2's template the end token and ``\n<|im_start|>user\n``: what every next
         turn of a conversation starts with, known before the caller has said anything
         (:meth:`ChatEngine.read_ahead`). Empty where the template puts nothing there."""
-        marks = ("\x00reply\x00", "\x00next\x00")
-        turns = [("user", "hi"), ("assistant", marks[0]), ("user", marks[1])]
-        rendered = self.render([{"role": role, "content": text} for role, text in turns])
-        between = rendered[rendered.index(marks[0]) + len(marks[0]) : rendered.index(marks[1])]
-        return self.tokenizer.encode(between, add_special_tokens=False).ids if between else []
+        return self._between([("user", "hi"), ("assistant", _MARKS[0]), ("user", _MARKS[1])])
 
     def reply_opening(self) -> list[int]:
         """The template's tokens between the caller's last word and a reply's first: for SmolLM2's
         template the end token and ``\n<|im_start|>assistant\n``. Where they occur in a prompt an
         earlier reply follows (:class:`CopyBan`)."""
-        marks = ("\x00said\x00", "\x00reply\x00")
-        rendered = self.render([{"role": "user", "content": marks[0]}, {"role": "assistant", "content": marks[1]}])
-        between = rendered[rendered.index(marks[0]) + len(marks[0]) : rendered.index(marks[1])]
+        return self._between([("user", _MARKS[0]), ("assistant", _MARKS[1])])
+
+    def _between(self, turns: list[tuple[str, str]]) -> list[int]:
+        """The template's tokens between the two marked turns' texts (``_MARKS``) of ``turns``."""
+        rendered = self.render([{"role": role, "content": text} for role, text in turns])
+        between = rendered[rendered.index(_MARKS[0]) + len(_MARKS[0]) : rendered.index(_MARKS[1])]
         return self.tokenizer.encode(between, add_special_tokens=False).ids if between else []
 
 
@@ -407,7 +409,6 @@ class ChatEngine:
                 while stats.completion_tokens < limit:
                     if ban is not None:
                         logits = ban.apply(reply, logits)
-                        stats.copy_blocked = ban.blocked
                     token = choose(logits, seen, sampling, gen)
                     if token in eos_ids:
                         stats.finish_reason = "stop"
@@ -439,5 +440,6 @@ class ChatEngine:
                     slot.ids.append(token)
             finally:
                 stats.decode_s = time.perf_counter() - t1
+                stats.copy_blocked = ban.blocked if ban is not None else 0
         finally:
             self.busy.discard(slot_i)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import socket
 import threading
 import time
@@ -666,7 +665,9 @@ def test_a_reply_does_not_copy_the_earlier_replies(llm: LocalLLM, monkeypatch) -
 
 
 def _plain_words(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9']+", text.lower().replace("’", "'")))
+    from pipelines.llm_repeats import _words  # the words as the sentence guard compares them
+
+    return " ".join(_words(text))
 
 
 def _longest_run(text: str, earlier: str) -> int:
