@@ -458,6 +458,41 @@ class Llama:
         return self._logits(F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps))
 
     @torch.inference_mode()
+    def branches(self, branches: list[list[int]], slot: int, start: int) -> Tensor:
+        """Several continuations of one cached prefix in one pass: float32 logits of each
+        branch's last token [B, vocab]; the cache is not written (positions ``>= start`` of
+        ``slot`` are left as they were).
+
+        Why: a short read's time is mostly the weights read once per layer, not its rows (see
+        :meth:`decode`), so reads that arrive together (several calls pausing at once, each asking
+        the turn judge about its caller's words) cost little more as one pass than one of them
+        alone, where a lock would queue them. Each branch sits at positions ``start..`` and sees
+        the ``start`` cached positions and its own earlier tokens only; each row equals
+        :meth:`forward` of that branch alone.
+        """
+        lens = [len(b) for b in branches]
+        if not lens or min(lens) == 0 or start + max(lens) > self.max_len or start < 0:
+            raise ValueError(f"branches of {lens} tokens at {start} do not fit a {self.max_len}-token cache")
+        cfg = self.cfg
+        G = cfg.groups
+        ids = torch.as_tensor([t for b in branches for t in b], dtype=torch.long)
+        T = ids.shape[0]
+        pos = torch.cat([torch.arange(start, start + n) for n in lens])
+        owner = torch.repeat_interleave(torch.arange(len(lens)), torch.as_tensor(lens))
+        own = (owner[:, None] == owner[None, :]) & (pos[None, :] <= pos[:, None])  # [T, T]
+        mask = torch.cat([torch.ones(T, start, dtype=torch.bool), own], dim=1).repeat(G, 1)  # rows (g, t)
+        cos, sin = self.cos[pos], self.sin[pos]  # [T, 1, hd]
+        x = F.embedding(ids, self.embed).float()
+        for layer, ck, cv in zip(self.layers, self.cache_k, self.cache_v, strict=True):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            keys = torch.cat([ck[slot : slot + 1, :, :start], k.transpose(0, 1)[None]], dim=2)
+            values = torch.cat([cv[slot : slot + 1, :, :start], v.transpose(0, 1)[None]], dim=2)
+            x = x + layer.wo(grouped_attention(q[None], keys, values, mask)[0])
+            x = x + self._ffn(layer, x)
+        last = torch.as_tensor(lens).cumsum(0) - 1
+        return self._logits(F.rms_norm(x[last], (cfg.dim,), self.norm, cfg.norm_eps))
+
+    @torch.inference_mode()
     def shift(self, slot: int, src: int, dst: int, n: int) -> None:
         """Move cached positions ``src..src+n`` of ``slot`` to ``dst..dst+n`` (``dst < src``).
 

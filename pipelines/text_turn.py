@@ -14,8 +14,10 @@ uses it with thresholds chosen on the caller corpus, beside the transcript's own
 "to", "um", a comma).
 
 Cost: one short prefill per pause (the system prompt's keys stay cached, only the caller's words
-are read), in the calling thread under a lock; an agent calls :meth:`p_end_async` so the event
-loop stays free. Loaded once per process (:func:`shared_text_turn`).
+are read). An agent calls :meth:`p_end_async`: the read runs on the model's own worker thread, so
+the event loop stays free, and reads that several calls ask for while one runs go together in the
+next pass (:meth:`Llama.branches`) instead of queueing one by one behind a lock. Loaded once per
+process (:func:`shared_text_turn`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ ENDINGS = (".", "?", "!")
 _MARK = "\x00caller\x00"  # where the caller's words go in the rendered template
 _TRAILING = ".,?!;:-…\"' \t\n"
 MAX_WORDS = 48  # a long greeting is judged by its last words: bounds the prefill
+MAX_BATCH = 8  # reads in one pass at most: bounds its rows (8 x 4 x MAX_WORDS tokens)
 
 
 class TextTurnModel:
@@ -52,6 +57,11 @@ class TextTurnModel:
         if len(self._prefix_ids) + 4 * MAX_WORDS > model.max_len:
             raise ValueError(f"a {model.max_len}-token cache is too small for the prompt and {MAX_WORDS} words")
         self._lock = threading.Lock()
+        self._queue: list[tuple[str, Future[float | None]]] = []
+        self._queue_lock = threading.Lock()
+        self._draining = False
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-turn")
+        self.batches: deque[int] = deque(maxlen=256)  # the last passes' sizes: the figures' and tests' view
         self._cached = False  # whether the model's slot 0 holds the prefix's keys and values
         # the first forward pays the kernels' set-up (much longer than a pause): not the first caller
         self.p_end("Hello, how are you today?")
@@ -69,28 +79,84 @@ class TextTurnModel:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def p_end(self, text: str) -> float | None:
-        """Probability that the sentence ends here; ``None`` when there are no words to judge."""
+    def _words(self, text: str) -> list[int] | None:
+        """The prompt's tokens for ``text``'s last words; None when there are no words to judge."""
         words = text.strip().rstrip(_TRAILING).split()
         if not words or not re.search(r"\w", " ".join(words)):
             return None
-        ids = self._encode(self._prefix + " ".join(words[-MAX_WORDS:]))
+        return self._encode(self._prefix + " ".join(words[-MAX_WORDS:]))
+
+    def p_end(self, text: str) -> float | None:
+        """Probability that the sentence ends here; ``None`` when there are no words to judge."""
+        return self.p_end_many([text])[0]
+
+    def p_end_many(self, texts: list[str]) -> list[float | None]:
+        """:meth:`p_end` of each text, the reads that share the cached prompt in one pass."""
+        prompts = [self._words(t) for t in texts]
         n = len(self._prefix_ids)
+        # the words that did not merge with the frame's last token: read after the cached prompt
+        shared = [i for i, ids in enumerate(prompts) if ids and ids[:n] == self._prefix_ids and len(ids) > n]
+        out: list[float | None] = [None] * len(texts)
         with self._lock:
-            if ids[:n] == self._prefix_ids and len(ids) > n:
+            if shared:
                 if not self._cached:
                     self.model.forward(self._prefix_ids, 0, 0)
                     self._cached = True
-                logits = self.model.forward(ids[n:], 0, n)
-            else:  # the words merged with the frame's last token: read it all (rewrites the slot)
-                self._cached = False
-                logits = self.model.forward(ids, 0, 0)
-        probs = self._torch.softmax(logits.float(), dim=-1)
-        return float(probs[self._endings].sum())
+                logits = self.model.branches([prompts[i][n:] for i in shared], 0, n)
+                for i, row in zip(shared, logits, strict=True):
+                    out[i] = self._ending(row)
+            for i, ids in enumerate(prompts):
+                if ids is not None and i not in shared:  # the words merged with the frame's last token
+                    self._cached = False  # read whole: rewrites the slot
+                    out[i] = self._ending(self.model.forward(ids, 0, 0))
+        return out
+
+    def _ending(self, logits: Any) -> float:
+        return float(self._torch.softmax(logits.float(), dim=-1)[self._endings].sum())
 
     async def p_end_async(self, text: str) -> float | None:
-        """:meth:`p_end` in a worker thread (a prefill is tens of milliseconds of one core)."""
-        return await asyncio.to_thread(self.p_end, text)
+        """:meth:`p_end` in a worker thread, batched with the reads other calls ask for meanwhile.
+
+        Reads queue while one runs; the next pass takes all of them (at most ``MAX_BATCH``).
+        """
+        future: Future[float | None] = Future()
+        with self._queue_lock:
+            self._queue.append((text, future))
+            start = not self._draining
+            self._draining = True
+        if start:
+            self._worker.submit(self._drain)
+        return await asyncio.wrap_future(future)
+
+    def _drain(self) -> None:
+        """The worker: read whatever is queued, in passes, until nothing is.
+
+        A read whose caller gave up (its task cancelled: the caller spoke again) is skipped; one
+        taken into a pass can no longer be cancelled, so setting its result cannot fail.
+        """
+        try:
+            while True:
+                with self._queue_lock:
+                    taken, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                    if not taken:
+                        self._draining = False
+                        return
+                batch = [(text, future) for text, future in taken if future.set_running_or_notify_cancel()]
+                if not batch:
+                    continue
+                self.batches.append(len(batch))
+                try:
+                    results = self.p_end_many([text for text, _ in batch])
+                except Exception as exc:  # every waiter hears it; the worker goes on with the next pass
+                    for _, future in batch:
+                        future.set_exception(exc)
+                    continue
+                for (_, future), p in zip(batch, results, strict=True):
+                    future.set_result(p)
+        except BaseException:
+            with self._queue_lock:  # never leave the queue marked as drained by a worker that is gone
+                self._draining = False
+            raise
 
 
 _shared: dict[str, TextTurnModel] = {}
@@ -139,6 +205,22 @@ def main(argv: list[str] | None = None) -> int:
             times.append(1000 * (time.perf_counter() - t0))
         print(f"{'-' if p is None else f'{p:.3f}'}  {text}")
     print(f"{statistics.median(times):.1f} ms p50 a phrase ({len(times)} calls); RSS {before} -> {rss_mb()} MB")
+    # what several calls pausing at once pay: the phrases one after the other against one pass
+    one_by_one: list[float] = []
+    together: list[float] = []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        for text in texts:
+            model.p_end(text)
+        t1 = time.perf_counter()
+        model.p_end_many(texts)
+        t2 = time.perf_counter()
+        one_by_one.append(1000 * (t1 - t0))
+        together.append(1000 * (t2 - t1))
+    print(
+        f"all {len(texts)} phrases: one after the other {statistics.median(one_by_one):.1f} ms p50, "
+        f"in one pass {statistics.median(together):.1f} ms p50 ({args.rounds} rounds)"
+    )
     return 0
 
 

@@ -56,3 +56,55 @@ def test_nothing_to_judge_and_a_long_greeting(words) -> None:
 
 def test_from_the_event_loop(words) -> None:
     assert asyncio.run(words.p_end_async("What is the capital of France?")) >= TurnJudge().text_likely
+
+
+FOUR = [
+    "What is the capital of France?",
+    "Could you send me",
+    "I need to cancel my appointment on Tuesday.",
+    "um, I'd like to",
+]
+
+
+def test_reads_judged_together_equal_each_read_alone(words) -> None:
+    """Several calls pausing at once share one pass (``Llama.branches``): each read must score as it
+    does alone, and the pass must leave the cached prompt as it was."""
+    alone = [words.p_end(t) for t in FOUR]
+    together = words.p_end_many([*FOUR, "", "  ... "])
+    assert together[4:] == [None, None]
+    assert together[:4] == pytest.approx(alone, rel=0.02, abs=1e-4)
+    assert words.p_end(FOUR[0]) == pytest.approx(alone[0], rel=1e-3)
+
+
+def test_reads_asked_for_while_one_runs_go_in_the_next_pass(words) -> None:
+    """Four calls ask at once while the model is busy: they must not queue one pass each."""
+    alone = [words.p_end(t) for t in FOUR]
+    before = len(words.batches)
+
+    async def ask() -> list[float | None]:
+        with words._lock:  # the model busy with another read: the four queue meanwhile
+            tasks = [asyncio.ensure_future(words.p_end_async(t)) for t in FOUR]
+            await asyncio.sleep(0.2)
+        return await asyncio.gather(*tasks)
+
+    got = asyncio.run(ask())
+    passes = list(words.batches)[before:]
+    assert sum(passes) == 4 and max(passes) >= 3, passes
+    assert got == pytest.approx(alone, rel=0.02, abs=1e-4)
+
+
+def test_a_read_given_up_while_queued_does_not_stop_the_next(words) -> None:
+    """A call's read is cancelled while it waits (the caller spoke again): the worker must skip it
+    and go on serving the other calls, then and later."""
+
+    async def ask() -> list[float | None]:
+        with words._lock:
+            dropped = asyncio.ensure_future(words.p_end_async("Could you send me"))
+            kept = asyncio.ensure_future(words.p_end_async(FOUR[0]))
+            await asyncio.sleep(0.1)
+            dropped.cancel()
+            await asyncio.sleep(0.1)
+        return [await asyncio.wait_for(kept, 30), await asyncio.wait_for(words.p_end_async(FOUR[2]), 30)]
+
+    got = asyncio.run(ask())
+    assert got == pytest.approx([words.p_end(FOUR[0]), words.p_end(FOUR[2])], rel=0.02, abs=1e-4)
