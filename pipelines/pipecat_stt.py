@@ -15,6 +15,14 @@ is done instead of guessing.
 short window instead of waiting seconds for the full one; it applies only to segments with no bot
 audio in them. Under the bot a speakerphone's echo residue is speech-like, and the lenient rule
 took its garbled words for a caller's ("I love it.", answered): there the wideband rule stands.
+
+**Early decode.** Pipecat queues the segment when the VAD stops, ``stop_secs`` of silence after
+the last word, and only then does the decode start: the turn's transcript, and the speculative
+reply that waits for it, come a decode after the VAD stop. When the caller has been quiet for
+``early_after_s`` (far below the segment's own loudness: silence, not a soft syllable) and the bot
+is silent, the audio so far is decoded at once; if the segment the VAD then queues is that audio
+plus nothing but such silence, its decode is this one, already under way or done. A caller who
+goes on voids it (counted in ``early``: decodes used and wasted). Off with ``early_after_s=None``.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from pipecat.frames.frames import (
     DataFrame,
     ErrorFrame,
     Frame,
+    InputAudioRawFrame,
     TranscriptionFrame,
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
@@ -58,14 +67,45 @@ class SegmentTranscribedFrame(DataFrame):
 # after Pipecat's BotStoppedSpeakingFrame (itself 0.35 s after the last audio written), how long the
 # bot's echo may still reach the caller's microphone (the phone's buffers, the echo path, the room)
 ECHO_TAIL_S = 0.4
+EARLY_AFTER_S = 0.1  # this much silence after speech starts an early decode (the VAD stops at ~0.2 s)
+QUIET_BELOW_PEAK_DB = 30.0  # a frame this far under the segment's loudest is silence for the early decode
+
+
+def level_db(pcm: bytes) -> float:
+    """A 16-bit PCM frame's RMS level in dBFS (-120 for digital silence)."""
+    x = np.frombuffer(pcm, dtype=np.int16).astype(np.float32)
+    rms = float(np.sqrt(np.mean(x * x))) / 32768.0 if x.size else 0.0
+    return 20.0 * np.log10(max(rms, 1e-6))
+
+
+@dataclass
+class EarlyDecode:
+    """A decode started before the VAD's stop: the buffer it read, its rule, and whether it still stands."""
+
+    pcm: bytes
+    line: str
+    task: asyncio.Task
+    valid: bool = True
 
 
 class LocalWhisperSTTService(WhisperSTTService):
     """Pipecat's Whisper service with a shared model and turn-sized decoding: the short encoder
     window by default, or faster-whisper's own path with ``decode`` options."""
 
-    def __init__(self, *, decode: DecodeOptions | None = None, line: str = "wideband", **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        decode: DecodeOptions | None = None,
+        line: str = "wideband",
+        early_after_s: float | None = EARLY_AFTER_S,
+        **kwargs,
+    ) -> None:
         self._decode = decode
+        self.early_after_s = early_after_s
+        self.early = {"used": 0, "wasted": 0}  # early decodes whose words the turn took / that were voided
+        self._early: EarlyDecode | None = None
+        self._peak_db = -120.0  # the segment's loudest frame so far
+        self._quiet_s = 0.0  # silence since its last loud frame
         self.line = line  # "phone" on a telephone call: pipelines.stt.short_window_verdict
         self._bot_since: float | None = None  # the bot speaking since (monotonic; None: silent)
         self._bot_spans: deque[tuple[float, float]] = deque(maxlen=64)  # its recent speech, (start, end)
@@ -81,6 +121,8 @@ class LocalWhisperSTTService(WhisperSTTService):
             self._bot_since = None
         elif isinstance(frame, VADUserStartedSpeakingFrame):
             self._speech_since = time.monotonic() - (frame.start_secs or 0.0)
+            self._peak_db, self._quiet_s = -120.0, 0.0
+            self._void_early()
         elif isinstance(frame, VADUserStoppedSpeakingFrame) and self.is_usable:
             now = time.monotonic()  # the base queues the segment just below
             self._segments.append((self._speech_since or now, now - (frame.stop_secs or 0.0)))
@@ -100,6 +142,44 @@ class LocalWhisperSTTService(WhisperSTTService):
         bot = self.bot_in(start, end)
         return ("wideband" if bot else self.line), bot
 
+    async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
+        await super().process_audio_frame(frame, direction)
+        if self.early_after_s is None or not self._user_speaking:
+            return
+        level = level_db(frame.audio)
+        self._peak_db = max(self._peak_db, level)
+        if level > self._peak_db - QUIET_BELOW_PEAK_DB:
+            self._quiet_s = 0.0
+            self._void_early()  # the caller goes on: the early decode lacks these words
+            return
+        self._quiet_s += len(frame.audio) / (2 * frame.sample_rate * frame.num_channels)
+        standing = self._early is not None and self._early.valid  # a voided one finishes unread in its thread
+        if self._quiet_s >= self.early_after_s and not standing and self.is_usable and self._model:
+            now = time.monotonic()
+            if not self.bot_in(self._speech_since or now, now):  # under the bot the rule is another
+                pcm = bytes(self._audio_buffer)
+                line = self.line
+                task = self.create_task(self._transcribe(pcm + self._trailing_silence(), line), f"{self}::early")
+                self._early = EarlyDecode(pcm, line, task)
+
+    def _void_early(self) -> None:
+        if self._early is not None and self._early.valid:
+            self._early.valid = False
+            self.early["wasted"] += 1
+
+    def _take_early(self, audio: bytes, line: str) -> asyncio.Task | None:
+        """The early decode that stands for this segment, if one does: the same buffer, followed only
+        by silence (no loud frame voided it), under the same rule."""
+        early, self._early = self._early, None
+        if early is None:
+            return None
+        if early.valid and early.line == line and audio.startswith(early.pcm):
+            self.early["used"] += 1
+            return early.task
+        if early.valid:
+            self.early["wasted"] += 1
+        return None
+
     def _load(self) -> None:
         self._model = shared_whisper(str(self._settings.model))
 
@@ -113,34 +193,48 @@ class LocalWhisperSTTService(WhisperSTTService):
             yield ErrorFrame(f"transcription failed: {exc!r}")
         yield SegmentTranscribedFrame(queued=self._segment_queue.qsize())
 
-    async def _decode_segment(self, audio: bytes, line: str, bot: bool) -> AsyncGenerator[Frame, None]:
-        if not self._model:
-            yield ErrorFrame("Whisper model not available")
-            return
-        await self.start_processing_metrics()
-        samples = np.frombuffer(audio, dtype=np.int16).astype(np.float32) / 32768.0
+    @property
+    def _language(self) -> str:
         language = self._settings.language
-        language = str(language) if isinstance(language, str) else "en"
+        return str(language) if isinstance(language, str) else "en"
+
+    async def _transcribe(self, audio: bytes, line: str) -> tuple[str, dict[str, float], list[str]]:
+        """``audio``'s words under ``line``'s rule, in a worker thread; with how sure the decoder was
+        and its trace."""
+        samples = np.frombuffer(audio, dtype=np.int16).astype(np.float32) / 32768.0
         threshold = self._settings.no_speech_prob
-        trace: list[str] = []
+        trace: list[str] = [f"{samples.size / 16000:.2f} s"]
         heard: dict[str, float] = {}
         text = await asyncio.to_thread(
             transcribe,
             self._model,
             samples,
-            language=language,
+            language=self._language,
             options=self._decode,
             no_speech_threshold=threshold if isinstance(threshold, float) else None,
             trace=trace,
             line=line,
             info=heard,
         )
+        return text, heard, trace
+
+    async def _decode_segment(self, audio: bytes, line: str, bot: bool) -> AsyncGenerator[Frame, None]:
+        if not self._model:
+            yield ErrorFrame("Whisper model not available")
+            return
+        await self.start_processing_metrics()
+        early = None if bot else self._take_early(audio, line)
+        if early is not None:
+            text, heard, trace = await early
+            trace.append("decoded before the VAD's stop")
+        else:
+            text, heard, trace = await self._transcribe(audio, line)
         await self.stop_processing_metrics()
-        logger.debug(f"{self}: {samples.size / 16000:.2f} s of speech, {line} rule -> {text!r} ({'; '.join(trace)})")
+        logger.debug(f"{self}: {line} rule -> {text!r} ({'; '.join(trace)})")
         if text:
             # how sure the decoder was of the words (the end of turn may weigh garbled words by it), and
             # whether the bot's audio overlapped them (only then can they be its echo: agent.pipecat_echo)
             result = {"bot_audio": bot}
             if "text_logprob" in heard:
                 result["text_logprob"] = heard["text_logprob"]
-            yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), language, result=result)
+            yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), self._language, result=result)

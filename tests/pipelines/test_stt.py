@@ -237,3 +237,52 @@ async def test_the_phone_rule_is_not_used_under_the_bot(monkeypatch):
     assert seen == ["wideband", "phone", "wideband"]  # the page's rule is never relaxed
     # each transcript says whether the bot's audio overlapped its segment: only then can it be echo
     assert [f.result["bot_audio"] for f in under + clear if isinstance(f, TranscriptionFrame)] == [True, False]
+
+
+def _segment(*parts: np.ndarray) -> list:
+    """A VAD segment as the pipeline sees it: the VAD's start, the audio in 20 ms frames, its stop."""
+    from pipecat.frames.frames import InputAudioRawFrame, VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame
+
+    pcm = (np.clip(np.concatenate(parts), -1, 1) * 32767).astype(np.int16).tobytes()
+    step = 640  # 20 ms at 16 kHz, 16-bit
+    audio = [InputAudioRawFrame(pcm[i : i + step], 16000, 1) for i in range(0, len(pcm), step)]
+    return [VADUserStartedSpeakingFrame(), *audio, VADUserStoppedSpeakingFrame()]
+
+
+async def _words_of(stt, *parts: np.ndarray) -> list[str]:
+    from pipecat.frames.frames import TranscriptionFrame
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    down, _ = await run_test(stt, frames_to_send=[*_segment(*parts), SleepFrame(sleep=4.0)])
+    return [f.text for f in down if isinstance(f, TranscriptionFrame)]
+
+
+async def test_a_segment_decoded_before_the_vads_stop_is_heard_the_same(clips):
+    """The caller's silence starts the decode before the VAD stops; the segment the VAD then queues is
+    that audio plus silence, so its transcript is the early decode's, and it must hear the words."""
+    from pipecat.services.whisper.stt import WhisperSTTService
+
+    from pipelines.pipecat_stt import LocalWhisperSTTService
+
+    speech, silence = clips[0][:-8000], np.zeros(4800, np.float32)  # the VAD stops 0.3 s after the words
+    stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()))
+    texts = await _words_of(stt, speech, silence)
+    assert len(texts) == 1 and wer(QUESTIONS[0], texts[0]) <= 0.15, texts
+    assert stt.early == {"used": 1, "wasted": 0}
+    off = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()), early_after_s=None)
+    assert await _words_of(off, speech, silence) == texts and off.early == {"used": 0, "wasted": 0}
+
+
+async def test_a_caller_who_goes_on_after_a_pause_voids_the_early_decode(clips):
+    """A mid-thought pause starts an early decode; the words after it must reach the transcript (the
+    early decode, which lacks them, is counted as wasted and not used)."""
+    from pipecat.services.whisper.stt import WhisperSTTService
+
+    from pipelines.pipecat_stt import LocalWhisperSTTService
+
+    first, second = clips[3][:-8000], clips[2][:-8000]  # "Yes." then "How do I reset my password?"
+    pause, silence = np.zeros(3200, np.float32), np.zeros(4800, np.float32)  # 0.2 s inside, 0.3 s after
+    stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()))
+    texts = await _words_of(stt, first, pause, second, silence)
+    assert len(texts) == 1 and "password" in texts[0].lower(), texts
+    assert stt.early == {"used": 1, "wasted": 1}
