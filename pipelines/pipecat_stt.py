@@ -180,6 +180,11 @@ class LocalWhisperSTTService(WhisperSTTService):
             self.early["wasted"] += 1
         return None
 
+    async def cleanup(self) -> None:
+        if self.early["used"] or self.early["wasted"]:  # what the early decode saved and cost this call
+            logger.info(f"{self}: early decodes: {self.early['used']} used, {self.early['wasted']} voided")
+        await super().cleanup()
+
     def _load(self) -> None:
         self._model = shared_whisper(str(self._settings.model))
 
