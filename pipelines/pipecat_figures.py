@@ -24,7 +24,9 @@ A caller turn (``kind: "turn"``), ms after the caller's speech end:
   wait and held until the end of turn, ``agent.pipecat_speculation``; a speculation the caller
   withdraws by speaking on leaves no figure);
 * ``transport_first_audio``: the output transport started sending it (``BotStartedSpeakingFrame``);
-* ``tts_ttfb``: the TTS service's own first text -> first audio (a duration, not an offset).
+* ``tts_ttfb``: the TTS service's own first text -> first audio (a duration, not an offset);
+* ``stt_early``: whether the turn's last transcript came from a decode started before the VAD's
+  stop (``pipelines.pipecat_stt``, the early decode; None: the STT does not say).
 
 A barge-in (``kind: "barge-in"``), ms after the caller's speech onset (VAD start minus its
 ``start_secs``): ``vad_start``, ``interruption``, ``bot_stopped`` (the output transport flushed
@@ -95,6 +97,8 @@ def describe(figures: dict[str, Any]) -> str:
     line = f"{figures['kind']} {figures['n']}: ms after {origin} {found}: " + ", ".join(parts)
     if figures.get("tts_ttfb") is not None:
         line += f"; TTS first text -> first audio {figures['tts_ttfb']:.0f} ms"
+    if figures.get("stt_early"):
+        line += "; transcript decoded before the VAD's stop"
     if figures["kind"] == "barge-in":
         ack = figures.get("cancel_ack")
         line += f"; TTS cancel -> ack {ack:.1f} ms" if ack is not None else "; no TTS cancel acknowledged"
@@ -161,6 +165,8 @@ class StageFigures(BaseObserver):
             turn.update(origin=origin, how=how, vad_stop=now)
         elif isinstance(frame, TranscriptionFrame) and turn is not None and "llm_first_token" not in turn:
             turn["stt_final"] = now
+            result = frame.result if isinstance(frame.result, dict) else {}
+            turn["stt_early"] = result.get("decoded_early")
         elif isinstance(frame, UserStoppedSpeakingFrame) and turn is not None:
             turn.setdefault("end_of_turn", now)
         elif isinstance(frame, LLMTextFrame) and turn is not None and "vad_stop" in turn:
@@ -203,6 +209,7 @@ class StageFigures(BaseObserver):
         figures: dict[str, Any] = {"kind": "turn", "n": len(self.turns) + 1, "origin": turn["how"]}
         figures.update({k: _ms(turn[k] - origin) if k in turn else None for k in TURN_STAGES})
         figures["tts_ttfb"] = _ms(self._ttfb_s) if self._ttfb_s is not None else None
+        figures["stt_early"] = turn.get("stt_early")
         self._ttfb_s = None
         self.turns.append(figures)
         await self._publish(figures)

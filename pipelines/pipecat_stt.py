@@ -239,7 +239,7 @@ class LocalWhisperSTTService(WhisperSTTService):
         if text:
             # how sure the decoder was of the words (the end of turn may weigh garbled words by it), and
             # whether the bot's audio overlapped them (only then can they be its echo: agent.pipecat_echo)
-            result = {"bot_audio": bot}
+            result = {"bot_audio": bot, "decoded_early": early is not None}
             if "text_logprob" in heard:
                 result["text_logprob"] = heard["text_logprob"]
             yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), self._language, result=result)

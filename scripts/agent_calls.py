@@ -306,6 +306,12 @@ def child_exits(log: str) -> list[str]:
     return [line.strip() for line in log.splitlines() if "pipecat_agent: " in line and any(d in line for d in died)]
 
 
+def early_decodes(log: str) -> list[int]:
+    """[turns whose transcript was decoded before the VAD's stop, turns] in ``log`` (the figures' lines)."""
+    turns = [m.group(0) for m in re.finditer(r"turn \d+: ms after the caller's speech end[^\n]*", log)]
+    return [sum("decoded before the VAD's stop" in t for t in turns), len(turns)]
+
+
 def stage_medians(log: str) -> dict[str, float | None]:
     """The agent's own per-turn stage figures (``pipelines.pipecat_figures``'s INFO lines: ms after
     the speech end as its VAD saw it), median per stage over the turns in ``log``."""
@@ -501,6 +507,7 @@ async def run_levels(demo: Demo, levels: list[int], rounds: int) -> list[dict]:
                 "rounds": done,
                 "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "agent_stages_ms_median": stage_medians(demo.text()[log_from:]),
+                "early_decodes": early_decodes(demo.text()[log_from:]),
                 "cores_by_part": cpu_shares(cpu_before, demo.cpu_parts(), time.monotonic() - t_before),
                 "child_exits": child_exits(demo.text()[log_from:]),
             }
@@ -624,6 +631,9 @@ def print_levels(levels: list[dict]) -> None:
     for lv in levels:
         stages = ", ".join(f"{k} {v:.0f}" for k, v in lv["agent_stages_ms_median"].items() if v is not None)
         print(f"  {lv['n']} call(s), the agent's stages (ms after the speech end it saw, medians): {stages or '-'}")
+        if lv.get("early_decodes"):
+            used, turns = lv["early_decodes"]
+            print(f"  {lv['n']} call(s), transcripts decoded before the VAD's stop: {used} of {turns} turns")
         cores = ", ".join(f"{k} {v:.2f}" for k, v in lv.get("cores_by_part", {}).items())
         print(f"  {lv['n']} call(s), cores busy by part over the level (1.00 = one core): {cores or '-'}")
         for line in lv.get("child_exits", []):

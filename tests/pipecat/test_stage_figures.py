@@ -67,7 +67,7 @@ async def test_a_turn_is_timed_from_the_speech_end_in_the_audio() -> None:
         fig,
         [
             (2.3, VADUserStoppedSpeakingFrame(stop_secs=0.2)),  # the VAD says so 300 ms after the speech
-            (2.45, TranscriptionFrame(text="hi", user_id="u", timestamp="")),
+            (2.45, TranscriptionFrame(text="hi", user_id="u", timestamp="", result={"decoded_early": True})),
             (2.5, UserStoppedSpeakingFrame()),
             (2.9, LLMTextFrame(text="Hello")),
             (2.95, LLMTextFrame(text=" there")),
@@ -83,6 +83,7 @@ async def test_a_turn_is_timed_from_the_speech_end_in_the_audio() -> None:
     assert f["vad_stop"] == 300.0 and f["stt_final"] == 450.0 and f["end_of_turn"] == 500.0
     assert f["llm_first_token"] == 900.0 and f["tts_first_audio"] == 1100.0 and f["transport_first_audio"] == 1120.0
     assert "VAD stop +300" in describe(f) and "in the audio received" in describe(f)
+    assert f["stt_early"] is True and "decoded before the VAD's stop" in describe(f)
 
 
 async def test_a_barge_in_is_timed_from_the_onset_and_carries_the_ack() -> None:
@@ -109,3 +110,4 @@ async def test_without_speech_in_the_input_the_vad_presumption_is_the_origin() -
     (f,) = fig.turns
     assert f["origin"] == "vad" and f["vad_stop"] == 200.0 and f["transport_first_audio"] == 800.0
     assert f["llm_first_token"] is None and "as the VAD presumes" in describe(f)
+    assert f["stt_early"] is None and "decoded before" not in describe(f)  # no transcript: nothing to say

@@ -40,12 +40,13 @@ def test_the_agents_stage_lines_are_read_from_its_log() -> None:
     log = (
         "07:06:10 | INFO | pipelines.pipecat_figures:... - turn 1: ms after the caller's speech end in the audio "
         "received: VAD stop +285, STT final +740, end of turn +741, LLM first token +988; TTS first text -> "
-        "first audio 90 ms\n"
+        "first audio 90 ms; transcript decoded before the VAD's stop\n"
         "turn 2: ms after the caller's speech end as the VAD presumes: VAD stop +301, STT final +760\n"
         "barge-in 1: ms after the caller's speech onset as the VAD presumes: VAD start +120\n"
     )
     stages = agent_calls.stage_medians(log)
     assert stages == {"VAD stop": 293.0, "STT final": 750.0, "end of turn": 741.0, "LLM first token": 988.0}
+    assert agent_calls.early_decodes(log) == [1, 2]  # the barge-in line is not a turn
 
 
 def test_the_replies_words_are_read_from_the_frame_log(tmp_path) -> None:

@@ -249,12 +249,16 @@ def _segment(*parts: np.ndarray) -> list:
     return [VADUserStartedSpeakingFrame(), *audio, VADUserStoppedSpeakingFrame()]
 
 
-async def _words_of(stt, *parts: np.ndarray) -> list[str]:
+async def _transcripts(stt, *parts: np.ndarray) -> list:
     from pipecat.frames.frames import TranscriptionFrame
     from pipecat.tests.utils import SleepFrame, run_test
 
     down, _ = await run_test(stt, frames_to_send=[*_segment(*parts), SleepFrame(sleep=4.0)])
-    return [f.text for f in down if isinstance(f, TranscriptionFrame)]
+    return [f for f in down if isinstance(f, TranscriptionFrame)]
+
+
+async def _words_of(stt, *parts: np.ndarray) -> list[str]:
+    return [f.text for f in await _transcripts(stt, *parts)]
 
 
 async def test_a_segment_decoded_before_the_vads_stop_is_heard_the_same(clips):
@@ -266,11 +270,15 @@ async def test_a_segment_decoded_before_the_vads_stop_is_heard_the_same(clips):
 
     speech, silence = clips[0][:-8000], np.zeros(4800, np.float32)  # the VAD stops 0.3 s after the words
     stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()))
-    texts = await _words_of(stt, speech, silence)
+    frames = await _transcripts(stt, speech, silence)
+    texts = [f.text for f in frames]
     assert len(texts) == 1 and wer(QUESTIONS[0], texts[0]) <= 0.15, texts
     assert stt.early == {"used": 1, "wasted": 0}
+    assert frames[0].result["decoded_early"] is True  # the turn's figures say so
     off = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()), early_after_s=None)
-    assert await _words_of(off, speech, silence) == texts and off.early == {"used": 0, "wasted": 0}
+    frames = await _transcripts(off, speech, silence)
+    assert [f.text for f in frames] == texts and off.early == {"used": 0, "wasted": 0}
+    assert frames[0].result["decoded_early"] is False
 
 
 async def test_a_caller_who_goes_on_after_a_pause_voids_the_early_decode(clips):
