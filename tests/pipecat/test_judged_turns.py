@@ -118,7 +118,9 @@ async def test_a_decode_slower_than_any_timeout_guess_still_makes_the_turn(engin
     print(f"\nslowed decode: LLM saw {users}, {turn}")
     assert len(requests) == 1 and heard_the_question(users[0][-1]), users
     assert turn["stt_final"] is not None and turn["stt_final"] <= turn["end_of_turn"], turn
-    assert turn["end_of_turn"] - turn["vad_stop"] > 5000, turn  # the decode's 5 s were waited for
+    # the decode's 5 s were waited for (the early decode starts it up to the VAD's 0.2 s of silence
+    # before its stop, pipelines.pipecat_stt)
+    assert turn["end_of_turn"] - turn["vad_stop"] > 4800, turn
 
 
 async def test_a_failing_text_model_leaves_the_cue_to_decide(engine, monkeypatch) -> None:
