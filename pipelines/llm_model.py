@@ -467,8 +467,9 @@ class Llama:
         :meth:`decode`), so reads that arrive together (several calls pausing at once, each asking
         the turn judge about its caller's words) cost little more as one pass than one of them
         alone, where a lock would queue them. Each branch sits at positions ``start..`` and sees
-        the ``start`` cached positions and its own earlier tokens only; each row equals
-        :meth:`forward` of that branch alone.
+        the ``start`` cached positions and its own earlier tokens only; each row is what
+        :meth:`forward` of that branch alone gives, to the kernels' rounding (the int4 kernel's
+        sums run over another number of rows).
         """
         lens = [len(b) for b in branches]
         if not lens or min(lens) == 0 or start + max(lens) > self.max_len or start < 0:
