@@ -244,7 +244,8 @@ class Demo:
             self._frames.close()
 
 
-_TURN_LINE = re.compile(r"turn \d+: ms after the caller's speech end[^:]*: ([^;\n]*)")
+# a figures line of a turn: its stages, then the rest of the line (the TTS's own figure, the early decode)
+_TURN_LINE = re.compile(r"turn \d+: ms after the caller's speech end[^:]*: ([^;\n]*)([^\n]*)")
 _STAGE = re.compile(r"([a-zA-Z ]+?) ([+-]\d+)")
 
 
@@ -308,8 +309,8 @@ def child_exits(log: str) -> list[str]:
 
 def early_decodes(log: str) -> list[int]:
     """[turns whose transcript was decoded before the VAD's stop, turns] in ``log`` (the figures' lines)."""
-    turns = [m.group(0) for m in re.finditer(r"turn \d+: ms after the caller's speech end[^\n]*", log)]
-    return [sum("decoded before the VAD's stop" in t for t in turns), len(turns)]
+    tails = [m.group(2) for m in _TURN_LINE.finditer(log)]
+    return [sum("decoded before the VAD's stop" in t for t in tails), len(tails)]
 
 
 def stage_medians(log: str) -> dict[str, float | None]:
