@@ -110,7 +110,9 @@ class LocalWhisperSTTService(WhisperSTTService):
         self._bot_since: float | None = None  # the bot speaking since (monotonic; None: silent)
         self._bot_spans: deque[tuple[float, float]] = deque(maxlen=64)  # its recent speech, (start, end)
         self._speech_since: float | None = None  # the VAD start of the segment being spoken
-        self._segments: deque[tuple[float, float]] = deque()  # each queued segment's VAD (start, stop)
+        # each queued segment's VAD (start, stop) and the early decode of its audio, bound when the VAD
+        # stopped: a caller who starts again before the segment's decode begins does not void it
+        self._segments: deque[tuple[float, float, EarlyDecode | None]] = deque()
         super().__init__(**kwargs)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -125,7 +127,8 @@ class LocalWhisperSTTService(WhisperSTTService):
             self._void_early()
         elif isinstance(frame, VADUserStoppedSpeakingFrame) and self.is_usable:
             now = time.monotonic()  # the base queues the segment just below
-            self._segments.append((self._speech_since or now, now - (frame.stop_secs or 0.0)))
+            early, self._early = self._early, None
+            self._segments.append((self._speech_since or now, now - (frame.stop_secs or 0.0), early))
         await super().process_frame(frame, direction)
 
     def bot_in(self, start: float, end: float) -> bool:
@@ -137,10 +140,15 @@ class LocalWhisperSTTService(WhisperSTTService):
     def next_segment(self) -> tuple[str, bool]:
         """For the segment just taken off the queue: its rule (``line``, or wideband where the bot's
         audio overlaps the caller's speech in it, from its VAD start to its stop) and that overlap."""
+        line, bot, _ = self._next_segment()
+        return line, bot
+
+    def _next_segment(self) -> tuple[str, bool, EarlyDecode | None]:
+        """:meth:`next_segment`, and the segment's early decode (None: none was started)."""
         now = time.monotonic()
-        start, end = self._segments.popleft() if self._segments else (now, now)
+        start, end, early = self._segments.popleft() if self._segments else (now, now, None)
         bot = self.bot_in(start, end)
-        return ("wideband" if bot else self.line), bot
+        return ("wideband" if bot else self.line), bot, early
 
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         await super().process_audio_frame(frame, direction)
@@ -167,13 +175,12 @@ class LocalWhisperSTTService(WhisperSTTService):
             self._early.valid = False
             self.early["wasted"] += 1
 
-    def _take_early(self, audio: bytes, line: str) -> asyncio.Task | None:
-        """The early decode that stands for this segment, if one does: the same buffer, followed only
-        by silence (no loud frame voided it), under the same rule."""
-        early, self._early = self._early, None
+    def _take_early(self, early: EarlyDecode | None, audio: bytes, line: str, bot: bool) -> asyncio.Task | None:
+        """The segment's early decode if it stands for the segment: the same buffer, followed only by
+        silence (no loud frame voided it), under the same rule, and no bot audio in the segment."""
         if early is None:
             return None
-        if early.valid and early.line == line and audio.startswith(early.pcm):
+        if early.valid and not bot and early.line == line and audio.startswith(early.pcm):
             self.early["used"] += 1
             return early.task
         if early.valid:
@@ -189,9 +196,9 @@ class LocalWhisperSTTService(WhisperSTTService):
         self._model = shared_whisper(str(self._settings.model))
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame, None]:
-        line, bot = self.next_segment()
+        line, bot, early = self._next_segment()
         try:
-            async for frame in self._decode_segment(audio, line, bot):
+            async for frame in self._decode_segment(audio, line, bot, early):
                 yield frame
         except Exception as exc:  # the segment is lost, not the call: the turn still learns it is over
             logger.exception(f"{self}: transcription failed")
@@ -223,14 +230,16 @@ class LocalWhisperSTTService(WhisperSTTService):
         )
         return text, heard, trace
 
-    async def _decode_segment(self, audio: bytes, line: str, bot: bool) -> AsyncGenerator[Frame, None]:
+    async def _decode_segment(
+        self, audio: bytes, line: str, bot: bool, early: EarlyDecode | None = None
+    ) -> AsyncGenerator[Frame, None]:
         if not self._model:
             yield ErrorFrame("Whisper model not available")
             return
         await self.start_processing_metrics()
-        early = None if bot else self._take_early(audio, line)
-        if early is not None:
-            text, heard, trace = await early
+        task = self._take_early(early, audio, line, bot)
+        if task is not None:
+            text, heard, trace = await task
             trace.append("decoded before the VAD's stop")
         else:
             text, heard, trace = await self._transcribe(audio, line)
@@ -239,7 +248,7 @@ class LocalWhisperSTTService(WhisperSTTService):
         if text:
             # how sure the decoder was of the words (the end of turn may weigh garbled words by it), and
             # whether the bot's audio overlapped them (only then can they be its echo: agent.pipecat_echo)
-            result = {"bot_audio": bot, "decoded_early": early is not None}
+            result = {"bot_audio": bot, "decoded_early": task is not None}
             if "text_logprob" in heard:
                 result["text_logprob"] = heard["text_logprob"]
             yield TranscriptionFrame(text, self._user_id, time_now_iso8601(), self._language, result=result)

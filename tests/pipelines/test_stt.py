@@ -294,3 +294,21 @@ async def test_a_caller_who_goes_on_after_a_pause_voids_the_early_decode(clips):
     texts = await _words_of(stt, first, pause, second, silence)
     assert len(texts) == 1 and "password" in texts[0].lower(), texts
     assert stt.early == {"used": 1, "wasted": 1}
+
+
+async def test_a_segment_keeps_its_early_decode_when_the_caller_starts_again_at_once(clips):
+    """The early decode is bound to its segment when the VAD stops: the caller's next words, which can
+    come before that segment's decode begins, must not void it."""
+    from pipecat.frames.frames import TranscriptionFrame
+    from pipecat.services.whisper.stt import WhisperSTTService
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    from pipelines.pipecat_stt import LocalWhisperSTTService
+
+    silence = np.zeros(4800, np.float32)
+    stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=default_model_path()))
+    frames = [*_segment(clips[2][:-8000], silence), *_segment(clips[3][:-8000], silence), SleepFrame(sleep=6.0)]
+    down, _ = await run_test(stt, frames_to_send=frames)
+    texts = [f.text for f in down if isinstance(f, TranscriptionFrame)]
+    assert len(texts) == 2 and "password" in texts[0].lower(), texts
+    assert stt.early == {"used": 2, "wasted": 0}
