@@ -74,12 +74,28 @@ class PipecatEcho:
         # one worker: the far end's audio, its truncations and the caller's frames reach the
         # canceller in the order the pipeline handed them on (module docstring)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo") if thread else None
+        self._closed = False
 
     def close(self) -> None:
-        """The call is over: its worker thread ends (what is still queued is dropped)."""
+        """The call is over: its worker thread ends (what is still queued is dropped), and what the
+        canceller saw is logged once (the delays it adopted: how much the echo path moved)."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if not self._closed:
+            self._closed = True
+            if self.canceller.stats.far_frames:
+                logger.info(f"echo canceller: {self.summary()}")
+
+    def summary(self) -> str:
+        """One line of the call's canceller figures (the benchmark scripts read it from the log)."""
+        st = self.canceller.stats
+        moves = " ".join(f"{t:.1f}s:{ms:.0f}" for t, ms, _ in st.delay_history)
+        return (
+            f"frames {st.frames}, with the bot's echo {st.far_frames}, muted {st.muted_frames}, double talk "
+            f"{st.talk_frames}; delays adopted {st.delay_updates} [{moves}] ms; ERLE {_fmt(st.erle_db)} dB; "
+            f"transcripts dropped as echo {len(self.dropped_transcripts)}"
+        )
 
     def _later(self, fn, /, *args, **kwargs) -> None:
         """Run ``fn`` on the canceller's thread after what is queued there (inline once closed)."""
@@ -187,6 +203,10 @@ class _Tap(FrameProcessor):
 def _log_failure(future: Future) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error(f"echo canceller: {future.exception()!r}")
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def _mono(pcm: bytes, channels: int) -> bytes:

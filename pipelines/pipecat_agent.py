@@ -63,7 +63,9 @@ from pipecat.services.whisper.stt import WhisperSTTService
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 from pipecat.turns.user_start import TranscriptionUserTurnStartStrategy
 
+from agent import pipecat_downlink
 from agent.pipecat import StreamvoxTTSService
+from agent.pipecat_downlink import downlink_mode
 from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_speculation import SpeculativeAudioHold, hold_audio_not_text
 from agent.pipecat_yield import YieldGate
@@ -228,6 +230,20 @@ def whisper_model_path(config: AgentConfig) -> str:
     return config.stt_model or default_whisper_path()
 
 
+def preload(config: AgentConfig) -> None:
+    """Load what every call shares (Whisper, the YieldGate's Silero session; smart-turn's when the end of
+    turn runs it) before the first call: loaded by that call, on the event loop, they held it for
+    0.5-0.7 s while its greeting and every other call's audio waited (``pipelines.loop_watch``)."""
+    from agent.runtime.vad import SileroVAD, VADParams
+    from pipelines.pipecat_turns import smart_turn_session
+    from pipelines.stt import shared_whisper
+
+    shared_whisper(whisper_model_path(config))
+    SileroVAD(VADParams(sample_rate=16000))
+    if config.end_of_turn == "smart-turn":
+        smart_turn_session()
+
+
 def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMService, StreamvoxTTSService]:
     stt = LocalWhisperSTTService(settings=WhisperSTTService.Settings(model=whisper_model_path(config)))
     if not config.llm_base_url:
@@ -281,17 +297,16 @@ def turn_strategies(
     (``pipelines.pipecat_turns.SpeculativeTurnStop``).
     """
     from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
-    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
     from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
-    from pipelines.pipecat_turns import JudgedTurnStop, SpeculativeTurnStop
+    from pipelines.pipecat_turns import JudgedTurnStop, SharedSmartTurn, SpeculativeTurnStop
 
     if end_of_turn not in END_OF_TURN_MODES:
         raise ValueError(f"end_of_turn must be one of {END_OF_TURN_MODES}, got {end_of_turn!r}")
     if end_of_turn == "judge":
-        stop = JudgedTurnStop(turn_analyzer=LocalSmartTurnAnalyzerV3(), words=words, speculate=speculate)
+        stop = JudgedTurnStop(turn_analyzer=SharedSmartTurn(), words=words, speculate=speculate)
     else:
-        analyzer = LocalSmartTurnAnalyzerV3(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
+        analyzer = SharedSmartTurn(params=SmartTurnParams(stop_secs=smart_turn_timeout_s))
         # speculate=False: Pipecat's own end of turn, plus the end of a turn with no words (its decode over)
         stop = SpeculativeTurnStop(turn_analyzer=analyzer, speculate=speculate)
     return UserTurnStrategies(stop=[stop])
@@ -438,6 +453,7 @@ async def bot(runner_args) -> None:
 
     phone = isinstance(runner_args, WebSocketRunnerArguments)
     release_audio_sooner()  # before the WebRTC receiver exists (agent.webrtc_uplink)
+    pipecat_downlink.install()  # ... and the sender (agent.pipecat_downlink)
     if phone:
         transport = await twilio_transport(runner_args.websocket)
     else:
@@ -541,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "INFO")
     try:
         uplink_mode()  # a bad STREAMVOX_WEBRTC_UPLINK fails here, in one line; the room applies it
+        downlink_mode()  # ... and a bad STREAMVOX_WEBRTC_DOWNLINK
         llm_temperature()
         AgentConfig.from_env(bind_host=args.host)  # the room's settings (STREAMVOX_MAX_CALLS, origins...)
     except ValueError as exc:
@@ -572,6 +589,7 @@ def main(argv: list[str] | None = None) -> None:
         prompts = VoicePrompts(config.tts_url, api_key=config.tts_api_key)
         _check_parts(config, prompts)
         words = turn_words(config)  # loaded before the banner, not in the first call's event loop
+        preload(config)  # ... and the rest of what every call shares
         if config.end_of_turn == "judge":
             judged = "the transcript's cue and SmolLM2's reading of the words" if words else "the transcript's cue"
             print(f"end of turn: the judge ({judged}; STREAMVOX_END_OF_TURN=smart-turn for smart-turn's)", flush=True)

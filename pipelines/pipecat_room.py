@@ -58,7 +58,9 @@ from pipecat.transports.smallwebrtc.request_handler import (
 from pipecat.transports.smallwebrtc.transport import SmallWebRTCTransport
 from pipecat.workers.runner import WorkerRunner
 
+from agent import pipecat_downlink
 from agent.webrtc_uplink import release_audio_sooner
+from pipelines.loop_watch import LoopWatch
 from pipelines.room_limits import Refusal, RoomLimits, check_candidates, check_offer, read_json
 
 WEB_DIR = Path(__file__).resolve().parent / "web"  # shipped as package data (pyproject.toml)
@@ -182,6 +184,7 @@ def build_room_app(
     if not (WEB_DIR / "index.html").is_file():
         raise FileNotFoundError(f"the demo page is missing ({WEB_DIR}/index.html): reinstall streamvox")
     release_audio_sooner()  # the caller's voice reaches the agent sooner, and stays prompt (agent.webrtc_uplink)
+    pipecat_downlink.install()  # the agent's voice leaves evenly and without gaps (agent.pipecat_downlink)
     limits = limits or RoomLimits()
     handler = SmallWebRTCRequestHandler()
     sessions: dict[str, _Session] = {}  # /start session id -> its session, the least recently used first
@@ -210,9 +213,13 @@ def build_room_app(
         finally:
             lines.give()
 
+    watch = LoopWatch()
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        watch.start()
         yield
+        await watch.stop()
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -234,7 +241,7 @@ def build_room_app(
 
     @app.get("/healthz")
     async def healthz() -> dict:
-        return {"status": "ok", "calls": lines.in_use, "max_calls": lines.cap}
+        return {"status": "ok", "calls": lines.in_use, "max_calls": lines.cap, "loop": watch.figures()}
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:

@@ -26,11 +26,14 @@ TTS runs during the wait too, and a withdrawn reply's synthesis is cancelled on 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
+from pipecat.audio.turn.smart_turn.base_smart_turn import BaseSmartTurn
+from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
 from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
@@ -43,6 +46,37 @@ from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy
 
 from pipelines.pipecat_stt import SegmentTranscribedFrame
 from pipelines.turn_judge import words
+
+
+class SharedSmartTurn(LocalSmartTurnAnalyzerV3):
+    """Pipecat's smart-turn v3 analyzer whose ONNX session is loaded once per process, at its first
+    prediction (in the analyzer's executor), not per call on the event loop.
+
+    ``LocalSmartTurnAnalyzerV3`` loads the model in its constructor: ~120 ms on the event loop at
+    every call's start, which every other call's audio waited through (``pipelines.loop_watch``),
+    while the judge, the default end of turn, does not run smart-turn unless told to. The session's
+    ``run`` is thread-safe; each analyzer keeps its own audio.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        BaseSmartTurn.__init__(self, **kwargs)  # not V3's own: that loads the model
+        self._log_data = False
+
+    @property
+    def _session(self):  # V3's predictions read it
+        return smart_turn_session()
+
+
+_SMART_TURN: list = []
+_SMART_TURN_LOCK = threading.Lock()
+
+
+def smart_turn_session():
+    """The bundled smart-turn v3 model's ONNX session (V3's own options), loaded on first use."""
+    with _SMART_TURN_LOCK:
+        if not _SMART_TURN:
+            _SMART_TURN.append(LocalSmartTurnAnalyzerV3()._session)
+        return _SMART_TURN[0]
 
 
 def same_words(a: str, b: str) -> bool:

@@ -430,6 +430,12 @@ async def _calls_in_use(http, base: str) -> int:
         return int((await resp.json())["calls"])
 
 
+async def _loop_stalls(http, base: str) -> dict:
+    """The agent's event-loop stalls so far (``pipelines.loop_watch``, in /healthz): count, worst ms."""
+    async with http.get(f"{base}/healthz") as resp:
+        return (await resp.json()).get("loop") or {}
+
+
 async def _lines_free(http, base: str, timeout_s: float = 30.0) -> None:
     """Wait until the room has given back every line (a hung-up call's pipeline ends in a moment)."""
     for _ in range(int(timeout_s / 0.2)):
@@ -495,6 +501,7 @@ async def run_levels(demo: Demo, levels: list[int], rounds: int) -> list[dict]:
     async with aiohttp.ClientSession() as http:
         for n in levels:
             log_from = len(demo.text())
+            stalls_before = await _loop_stalls(http, demo.base)
             load_before = os.getloadavg()[0]
             cpu_before, t_before = demo.cpu_parts(), time.monotonic()
             done = []
@@ -511,6 +518,9 @@ async def run_levels(demo: Demo, levels: list[int], rounds: int) -> list[dict]:
                 "early_decodes": early_decodes(demo.text()[log_from:]),
                 "cores_by_part": cpu_shares(cpu_before, demo.cpu_parts(), time.monotonic() - t_before),
                 "child_exits": child_exits(demo.text()[log_from:]),
+                # stalls of the agent's event loop over the level (audio waits through each)
+                "loop_stalls": (await _loop_stalls(http, demo.base)).get("stalls", 0) - stalls_before.get("stalls", 0),
+                "loop_stall_lines": loop_stall_lines(demo.text()[log_from:]),
             }
             level["summary"] = level_summary(done)
             out.append(level)
@@ -522,6 +532,16 @@ async def run_levels(demo: Demo, levels: list[int], rounds: int) -> list[dict]:
                 file=sys.stderr,
                 flush=True,
             )
+    return out
+
+
+def loop_stall_lines(log: str) -> list[str]:
+    """The logged stalls (``pipelines.loop_watch``: one line per 5 s, with its stack): "ms in function"."""
+    out = []
+    for m in re.finditer(r"event loop held (\d+) ms[^\n]*\n((?:  .*\n)*)", log):
+        frames = re.findall(r'File "([^"]+)", line \d+, in (\w+)', m.group(2))
+        where = f"{Path(frames[-1][0]).name}:{frames[-1][1]}" if frames else "not sampled"
+        out.append(f"{m.group(1)} ms in {where}")
     return out
 
 
@@ -637,6 +657,10 @@ def print_levels(levels: list[dict]) -> None:
             print(f"  {lv['n']} call(s), transcripts decoded before the VAD's stop: {used} of {turns} turns")
         cores = ", ".join(f"{k} {v:.2f}" for k, v in lv.get("cores_by_part", {}).items())
         print(f"  {lv['n']} call(s), cores busy by part over the level (1.00 = one core): {cores or '-'}")
+        if lv.get("loop_stalls") is not None:
+            held = ", ".join(lv.get("loop_stall_lines") or []) or "-"
+            n, stalls = lv["n"], lv["loop_stalls"]
+            print(f"  {n} call(s), the agent's event loop held over 150 ms: {stalls} times (logged: {held})")
         for line in lv.get("child_exits", []):
             print(f"  {lv['n']} call(s), a child of the demo died: {line}")
     cap = proposed_cap(levels)

@@ -92,6 +92,8 @@ def summarise(sessions: list[dict]) -> dict:
         "barge_in_silence_ms": _stats([b["silence_ms"] for b in barges]),
         "barge_in_server_stages_ms": _stage_medians([b["server"] for b in barges if b.get("server")], BARGE_STAGES),
         "browser_jitter_buffer_ms": _stats([b.get("jitter_buffer_ms") for b in barges]),
+        # every second of every session: how long the browser held the agent's audio before playing it
+        "browser_jitter_buffer_all_ms": _stats([x["ms"] for s in sessions for x in s.get("jitter_series") or []]),
         "barge_ins_missed": len(sessions) - len(measured),
         "barge_ins_kept_talking": len(measured) - len(barges) - len(in_pause),
         "barge_ins_in_a_pause": len(in_pause),
@@ -129,6 +131,7 @@ def report(mode: str, s: dict) -> str:
             _line("barge-in silence at page", s["barge_in_silence_ms"]),
             f"    server stages (median ms after the caller's speech onset): {bstages}",
             _line("browser jitter buffer", s["browser_jitter_buffer_ms"]) + "  (at the barge-in's onset)",
+            _line("  ... over the session", s["browser_jitter_buffer_all_ms"]) + "  (each second's)",
             "  timed from the microphone file's speech instead of the page's mic signal:",
             _line("voice-to-voice", s["voice_to_voice_from_file_ms"]),
             _line("barge-in silence", s["barge_in_silence_from_file_ms"]),
@@ -237,7 +240,14 @@ def main(argv: list[str] | None = None) -> int:
                 if s.page.get("state") != "connected":
                     print(f"{name} run {i + 1}: the page failed: {s.page.get('error')}", file=sys.stderr)
                     continue
-                raw[name].append(dict(s.figures(), echo_path=echo and asdict(echo), transcript=s.page["transcript"]))
+                raw[name].append(
+                    dict(
+                        s.figures(),
+                        echo_path=echo and asdict(echo),
+                        transcript=s.page["transcript"],
+                        jitter_series=s.page.get("jitterSeries"),
+                    )
+                )
                 print(f"{name} run {i + 1}/{args.runs}: {json.dumps(raw[name][-1], default=str)}", flush=True)
             results[name] = summarise(raw[name])
     print(f"\n{sum(len(v) for v in raw.values())} sessions in {time.monotonic() - t0:.0f} s\n")

@@ -56,6 +56,9 @@ const svx = {
   botWords: [], // {t, text}: each bot-tts-text word when it arrived
   rtvi: [], // {t, type}: every RTVI message type, in order
   jitterBufferMs: null, // the browser's jitter buffer delay for the agent's audio, last second (getStats)
+  // per second of the call: {t, ms, targetMs, stretchMs}: that delay, the jitter buffer's target, and the
+  // audio it time-stretched (ms inserted - removed): each stretch moves the echo's delay by as much
+  jitterSeries: [],
   agentErrors: [], // {t, text}: RTVI error messages (a service of the agent failed)
   botSegments: [], // {start, end}: the agent audible (end null while it still is)
   micSegments: [], // {start, end}: the caller audible
@@ -283,16 +286,26 @@ async function connect() {
 
 // How much of the agent's audio waits in the browser before it is played: part of what a barge-in
 // cannot flush from the server side (WebRTC stats: jitterBufferDelay / jitterBufferEmittedCount).
-const jb = { delay: 0, count: 0 };
+const jb = { delay: 0, count: 0, target: 0, stretch: 0 };
 async function pollJitterBuffer(pc) {
   try {
     const stats = await pc.getStats();
     stats.forEach((r) => {
       if (r.type !== "inbound-rtp" || r.kind !== "audio" || !r.jitterBufferEmittedCount) return;
       const dCount = r.jitterBufferEmittedCount - jb.count;
-      if (dCount > 0) svx.jitterBufferMs = Math.round((1000 * (r.jitterBufferDelay - jb.delay)) / dCount);
+      const stretch = (r.insertedSamplesForDeceleration || 0) - (r.removedSamplesForAcceleration || 0);
+      if (dCount > 0) {
+        svx.jitterBufferMs = Math.round((1000 * (r.jitterBufferDelay - jb.delay)) / dCount);
+        const targetMs = r.jitterBufferTargetDelay === undefined ? null : Math.round((1000 * (r.jitterBufferTargetDelay - jb.target)) / dCount);
+        const rate = r.totalSamplesDuration > 0 ? r.totalSamplesReceived / r.totalSamplesDuration : 48000;
+        const stretchMs = Math.round((1000 * (stretch - jb.stretch)) / rate);
+        svx.jitterSeries.push({ t: svx.clock(), ms: svx.jitterBufferMs, targetMs, stretchMs });
+        if (svx.jitterSeries.length > 3600) svx.jitterSeries.shift();
+      }
       jb.delay = r.jitterBufferDelay;
       jb.count = r.jitterBufferEmittedCount;
+      jb.target = r.jitterBufferTargetDelay || 0;
+      jb.stretch = stretch;
     });
     ui.jitter.textContent = svx.jitterBufferMs === null ? "" : `browser jitter buffer ${svx.jitterBufferMs} ms`;
   } catch (e) {

@@ -202,7 +202,9 @@ async def test_junk_builds_nothing_and_the_second_call_is_refused(engine):
                 with pytest.raises(websockets.ConnectionClosed) as closed:
                     await asyncio.wait_for(ws.recv(), 10)
                 assert closed.value.rcvd.code == 1008 and "start" in closed.value.rcvd.reason
-            assert agents == [] and (await _health(http, base))["calls"] == 0
+            health = await _health(http, base)
+            assert agents == [] and health["calls"] == 0
+            assert set(health["loop"]) == {"stalls", "worst_ms"}, health  # the room's loop watch (pipelines.loop_watch)
             # a caller who hangs up before its `start`: a refusal in the log, not a traceback
             with _uvicorn_errors() as errors:
                 for _ in range(5):

@@ -1,0 +1,111 @@
+"""Stalls of the agent's event loop: measured, and blamed on the code that held the loop.
+
+Why: every call's audio leaves through one event loop (aiortc paces the page's RTP packets from
+it; Twilio's media messages go out from it too). A loop held for 300 ms sends 15 packets at once
+after 300 ms of none: the browser's jitter buffer takes that for network jitter, plays concealment
+and raises its target delay. The caller then hears the agent hundreds of ms later, and the echo
+path moves under the echo canceller (docs/BENCHMARKS.md, "Echo").
+
+A heartbeat task on the loop and a thread that watches it: when the heartbeat is older than
+``threshold_s`` the thread samples the loop thread's stack once (what holds the loop, caught while
+it holds it); when the heartbeat comes back the stall's length is recorded, and logged with that
+stack. The figures (``stalls``, ``worst_s``) are in ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+
+from loguru import logger
+
+__all__ = ["LoopWatch", "Stall"]
+
+LOG_EVERY_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    at: float  # monotonic time the loop was last seen free
+    seconds: float  # how long it was held
+    where: str  # the innermost frames of the loop thread's stack, sampled during the stall
+
+
+class LoopWatch:
+    """Start with :meth:`start` on the loop to watch; :meth:`stop` ends both the task and the thread."""
+
+    def __init__(self, threshold_s: float = 0.15, interval_s: float = 0.01, *, keep: int = 100, log: bool = True):
+        if not 0 < interval_s < threshold_s:
+            raise ValueError("LoopWatch: 0 < interval_s < threshold_s")
+        self.threshold_s = threshold_s
+        self.interval_s = interval_s
+        self.log = log
+        self.recent: deque[Stall] = deque(maxlen=keep)
+        self.stalls = 0
+        self.worst_s = 0.0
+        self._beat = time.monotonic()
+        self._where: str | None = None
+        self._logged_at = -LOG_EVERY_S
+        self._unlogged = 0
+        self._loop_thread: int | None = None
+        self._task: asyncio.Task | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """On the running loop: the heartbeat task, and the watching thread."""
+        self._loop_thread = threading.get_ident()
+        self._beat = time.monotonic()
+        self._stop.clear()
+        self._task = asyncio.get_running_loop().create_task(self._heartbeat(), name="loop-watch")
+        self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def figures(self) -> dict:
+        return {"stalls": self.stalls, "worst_ms": round(1000 * self.worst_s)}
+
+    async def _heartbeat(self) -> None:
+        while True:
+            last = self._beat
+            await asyncio.sleep(self.interval_s)
+            now = time.monotonic()
+            held = now - last - self.interval_s
+            self._beat = now
+            if held > self.threshold_s:
+                self._record(Stall(last, held, self._where or "(not sampled)"))
+            self._where = None
+
+    def _record(self, stall: Stall) -> None:
+        self.recent.append(stall)
+        self.stalls += 1
+        self.worst_s = max(self.worst_s, stall.seconds)
+        self._unlogged += 1
+        # a loaded machine stalls often: one line (with its stack) per LOG_EVERY_S, the rest counted in it
+        if self.log and stall.at + stall.seconds - self._logged_at >= LOG_EVERY_S:
+            more = f" (and {self._unlogged - 1} more since the last such line)" if self._unlogged > 1 else ""
+            logger.warning(
+                f"event loop held {1000 * stall.seconds:.0f} ms{more}: audio leaves in a burst after it; it was in\n"
+                f"{stall.where}"
+            )
+            self._logged_at, self._unlogged = stall.at + stall.seconds, 0
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self._where is None and time.monotonic() - self._beat > self.threshold_s:
+                frame = sys._current_frames().get(self._loop_thread)
+                if frame is not None:
+                    stack = traceback.extract_stack(frame)[-6:]
+                    self._where = "".join(traceback.format_list(stack)).rstrip()
