@@ -171,3 +171,15 @@ def test_the_tuning_replay_decides_as_the_drive_does(eot) -> None:
     assert not held.early and held.delay_ms == pytest.approx(1000 * (3.2 + 0.2 - 3.0))  # the STT's 0.2 s
     cut = tune.replay(turn, events, TurnJudge(unlikely_s=0.5))
     assert cut.early and eot.cut_pauses(turn, cut) == 1
+
+
+def test_smart_turn_analyzers_share_one_session_loaded_at_first_use(monkeypatch) -> None:
+    # each call builds an analyzer; the ONNX session (~120 ms on the event loop when V3 loaded it per
+    # call) is loaded once, when a prediction first reads it
+    from pipelines import pipecat_turns
+
+    monkeypatch.setattr(pipecat_turns, "_SMART_TURN", [])
+    first, second = pipecat_turns.SharedSmartTurn(), pipecat_turns.SharedSmartTurn()
+    assert pipecat_turns._SMART_TURN == []
+    assert first._session is second._session and len(pipecat_turns._SMART_TURN) == 1
+    assert first._session.get_inputs()  # a real onnxruntime session of the bundled model
