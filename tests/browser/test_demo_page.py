@@ -117,6 +117,9 @@ def test_talk_to_the_demo_in_a_real_browser(chromium, plan, demo) -> None:
     assert len(_words(heard)) >= b.answer_words, f"the answer is not English speech: {heard!r}"
     assert [p.name for p in s.screenshots] == ["1-greeting.png", "2-answered.png"]
     assert s.self_interruptions()["count"] == 0, s.self_interruptions()
+    # the browser's jitter buffer, each second of the call (what browser_scenario reports): read, and sane
+    series = page["jitterSeries"]
+    assert len(series) >= 5 and all(0 <= x["ms"] < 2000 for x in series), series
 
 
 # ---------------------------------------------------------------- the agent's echo
