@@ -3,21 +3,21 @@
 Pipecat's SmallWebRTC transport sends the agent's audio through ``RawAudioTrack``: the output
 transport hands it a chunk, the track queues it as 10 ms pieces, and aiortc's sender takes one
 piece every 10 ms by the wall clock (10 ms of *silence* when the queue is empty), encodes it and
-sends a packet. Two things there reach the caller's ear (docs/BENCHMARKS.md, "Echo"):
+sends a packet. Two things there reach the caller's ear (measured: docs/BENCHMARKS.md, "Echo"):
 
 * **Gaps in the middle of words.** The output transport writes its next chunk only once the track
   has sent the last piece of the previous one (``write_audio_frame`` awaits that), so at the end of
   every chunk the queue is empty and the next chunk must come within 10 ms. Whenever the event loop
   is busy for longer than that, aiortc sends 10-30 ms of silence mid-word: a click the caller hears,
   and the rest of the reply 10 ms later, which the echo canceller sees as its echo path moving.
-  A 30 s page session had 50 such gaps. :func:`install` lets the output transport write one chunk
+  :func:`install` lets the output transport write one chunk
   ahead: the future it awaits is the previous chunk's, so the next chunk is queued while the
   current one plays.
-* **Packets in bursts.** aiortc hands every 20 ms Opus encode (~0.1 ms of work) to the default
-  thread pool and sends nothing until it returns. On a busy machine that thread waited up to
-  300 ms for a core while the event loop itself was free; the packets behind it then left in a
+* **Packets in bursts.** aiortc hands every 20 ms Opus encode (a small fraction of a millisecond)
+  to the default thread pool and sends nothing until it returns. On a busy machine that thread
+  waited hundreds of ms for a core while the event loop itself was free; the packets behind it then left in a
   burst. The browser's jitter buffer reads that as network jitter: it played concealment and
-  raised its target delay to 120-360 ms, which every later word of the reply waits through, and
+  raised its target delay, which every later word of the reply waits through, and
   it time-stretched its way back down over seconds (the echo's delay moving all the while). Audio
   senders made after :func:`install` encode on the event loop.
 

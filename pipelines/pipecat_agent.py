@@ -232,8 +232,8 @@ def whisper_model_path(config: AgentConfig) -> str:
 
 def preload(config: AgentConfig) -> None:
     """Load what every call shares (Whisper, the YieldGate's Silero session; smart-turn's when the end of
-    turn runs it) before the first call: loaded by that call, on the event loop, they held it for
-    0.5-0.7 s while its greeting and every other call's audio waited (``pipelines.loop_watch``)."""
+    turn runs it) before the first call: loaded by that call, on the event loop, they held it while
+    its greeting and every other call's audio waited (``pipelines.loop_watch``; docs/architecture.md)."""
     from agent.runtime.vad import SileroVAD, VADParams
     from pipelines.pipecat_turns import smart_turn_session
     from pipelines.stt import shared_whisper

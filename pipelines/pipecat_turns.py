@@ -52,8 +52,8 @@ class SharedSmartTurn(LocalSmartTurnAnalyzerV3):
     """Pipecat's smart-turn v3 analyzer whose ONNX session is loaded once per process, at its first
     prediction (in the analyzer's executor), not per call on the event loop.
 
-    ``LocalSmartTurnAnalyzerV3`` loads the model in its constructor: ~120 ms on the event loop at
-    every call's start, which every other call's audio waited through (``pipelines.loop_watch``),
+    ``LocalSmartTurnAnalyzerV3`` loads the model in its constructor: on the event loop at every
+    call's start, which every other call's audio waited through (``pipelines.loop_watch``),
     while the judge, the default end of turn, does not run smart-turn unless told to. The session's
     ``run`` is thread-safe; each analyzer keeps its own audio.
     """

@@ -425,15 +425,18 @@ class Ear:
 # ---------------------------------------------------------------- calls at once
 
 
-async def _calls_in_use(http, base: str) -> int:
+async def _health(http, base: str) -> dict:
     async with http.get(f"{base}/healthz") as resp:
-        return int((await resp.json())["calls"])
+        return await resp.json()
+
+
+async def _calls_in_use(http, base: str) -> int:
+    return int((await _health(http, base))["calls"])
 
 
 async def _loop_stalls(http, base: str) -> dict:
     """The agent's event-loop stalls so far (``pipelines.loop_watch``, in /healthz): count, worst ms."""
-    async with http.get(f"{base}/healthz") as resp:
-        return (await resp.json()).get("loop") or {}
+    return (await _health(http, base)).get("loop") or {}
 
 
 async def _lines_free(http, base: str, timeout_s: float = 30.0) -> None:
