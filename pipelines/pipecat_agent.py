@@ -52,7 +52,6 @@ if __name__ == "__main__" and "--verbose" not in sys.argv:
     os.environ.setdefault("LOGURU_LEVEL", "INFO")
 
 from loguru import logger
-from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.frames.frames import TTSSpeakFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
@@ -76,6 +75,7 @@ from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_frame_log import FrameLog
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService, SegmentTranscribedFrame
+from pipelines.pipecat_vad import SharedSileroVAD
 from pipelines.room_limits import RoomLimits
 from pipelines.stt import default_model_path as default_whisper_path
 from pipelines.supervisor import Supervisor
@@ -231,15 +231,18 @@ def whisper_model_path(config: AgentConfig) -> str:
 
 
 def preload(config: AgentConfig) -> None:
-    """Load what every call shares (Whisper, the YieldGate's Silero session; smart-turn's when the end of
-    turn runs it) before the first call: loaded by that call, on the event loop, they held it while
-    its greeting and every other call's audio waited (``pipelines.loop_watch``; docs/architecture.md)."""
-    from agent.runtime.vad import SileroVAD, VADParams
+    """Load what every call shares (Whisper, the Silero session of the YieldGate and of Pipecat's VAD;
+    smart-turn's when the end of turn runs it) before the first call: loaded by that call, on the
+    event loop, they held it while its greeting and every other call's audio waited
+    (``pipelines.loop_watch``; docs/architecture.md)."""
+    from agent.runtime.vad import SileroVAD, VADParams, shared_session
     from pipelines.pipecat_turns import smart_turn_session
+    from pipelines.pipecat_vad import pipecat_model_path
     from pipelines.stt import shared_whisper
 
     shared_whisper(whisper_model_path(config))
     SileroVAD(VADParams(sample_rate=16000))
+    shared_session(pipecat_model_path())  # Pipecat's VAD in each call (pipelines.pipecat_vad)
     if config.end_of_turn == "smart-turn":
         smart_turn_session()
 
@@ -368,7 +371,7 @@ def build_agent(
     if by_words:
         strategies.start = [gate.start_strategy(), TranscriptionUserTurnStartStrategy()]
     user_params = LLMUserAggregatorParams(
-        vad_analyzer=SileroVADAnalyzer(),
+        vad_analyzer=SharedSileroVAD(),
         user_turn_strategies=strategies,
         user_turn_stop_timeout=USER_TURN_STOP_TIMEOUT_S,
     )

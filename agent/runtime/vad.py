@@ -59,6 +59,7 @@ __all__ = [
     "VADEvent",
     "VADParams",
     "find_model_path",
+    "shared_session",
 ]
 
 ENV_MODEL_PATH = "STREAMVOX_VAD_MODEL"
@@ -113,8 +114,9 @@ def find_model_path(model_path: str | os.PathLike[str] | None = None) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_session(path: str) -> ort.InferenceSession:
-    """One session per model file, shared by every VAD in the process.
+def shared_session(path: str) -> ort.InferenceSession:
+    """One session per model file, shared by every VAD in the process (Pipecat's analyzers too:
+    ``pipelines.pipecat_vad``).
 
     ``InferenceSession.run`` is thread-safe and each :class:`SileroVAD` keeps its own state, so
     sharing is safe. One thread: the model is tiny and must not contend with TTS inference.
@@ -220,7 +222,7 @@ class SileroVAD:
         # off by default: consumers that know only speech_start/speech_end see nothing new
         self.report_onsets = report_onsets
         self.model_path = find_model_path(model_path)
-        self._session = _load_session(str(self.model_path))
+        self._session = shared_session(str(self.model_path))
         sr = self.params.sample_rate
         self._window = _WINDOW[sr]
         self._context_len = _CONTEXT[sr]
