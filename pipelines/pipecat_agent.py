@@ -73,6 +73,7 @@ from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, env_number, gr
 from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
 from pipelines.pipecat_frame_log import FrameLog
+from pipelines.pipecat_llm import SharedTLSLLMService, shared_tls_context
 from pipelines.pipecat_room import build_room_app, twilio_transport
 from pipelines.pipecat_stt import LocalWhisperSTTService, SegmentTranscribedFrame
 from pipelines.pipecat_vad import SharedSileroVAD
@@ -231,10 +232,10 @@ def whisper_model_path(config: AgentConfig) -> str:
 
 
 def preload(config: AgentConfig) -> None:
-    """Load what every call shares (Whisper, the Silero session of the YieldGate and of Pipecat's VAD;
-    smart-turn's when the end of turn runs it) before the first call: loaded by that call, on the
-    event loop, they held it while its greeting and every other call's audio waited
-    (``pipelines.loop_watch``; docs/architecture.md)."""
+    """Load what every call shares (Whisper, the Silero session of the YieldGate and of Pipecat's VAD,
+    the LLM clients' TLS context; smart-turn's when the end of turn runs it) before the first call:
+    loaded by that call, on the event loop, they held it while its greeting and every other call's
+    audio waited (``pipelines.loop_watch``; docs/architecture.md)."""
     from agent.runtime.vad import SileroVAD, VADParams, shared_session
     from pipelines.pipecat_turns import smart_turn_session
     from pipelines.pipecat_vad import pipecat_model_path
@@ -243,6 +244,7 @@ def preload(config: AgentConfig) -> None:
     shared_whisper(whisper_model_path(config))
     SileroVAD(VADParams(sample_rate=16000))
     shared_session(pipecat_model_path())  # Pipecat's VAD in each call (pipelines.pipecat_vad)
+    shared_tls_context()  # each call's LLM client (pipelines.pipecat_llm)
     if config.end_of_turn == "smart-turn":
         smart_turn_session()
 
@@ -254,7 +256,7 @@ def make_services(config: AgentConfig) -> tuple[WhisperSTTService, OpenAILLMServ
     settings = OpenAILLMService.Settings(model=config.llm_model, system_instruction=config.system_prompt)
     if config.llm_temperature is not None:
         settings.temperature = config.llm_temperature
-    llm = OpenAILLMService(base_url=config.llm_base_url, api_key=config.llm_api_key, settings=settings)
+    llm = SharedTLSLLMService(base_url=config.llm_base_url, api_key=config.llm_api_key, settings=settings)
     # The key the TTS server was given (a TTS child inherits STREAMVOX_API_KEY); a short reconnect
     # back-off so that a restarted TTS server is heard again within a second of being back.
     tts = StreamvoxTTSService(url=config.tts_url, api_key=config.tts_api_key, reconnect_backoff_max_s=1.0)
