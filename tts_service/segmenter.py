@@ -16,7 +16,8 @@ The head of a reply (first-segment policy):
   at a word boundary that does not strand a function word, so the opening's audio is followed
   quickly;
 * ``cut_words`` (called by the scheduler when waiting for punctuation would leave the listener in
-  silence) cuts at a word boundary that does not strand a function word either.
+  silence) cuts at a word boundary that does not strand a function word either; a first segment
+  cut so is treated as an opening: the segment after it is still the head.
 
 A boundary is only *confirmed* when the character after it has arrived: "3." may become
 "3.14", "Dr." is followed by a name, "example." may be "example.com". Abbreviations and
@@ -86,7 +87,8 @@ class Segmenter:
     options: SegmenterOptions = field(default_factory=SegmenterOptions)
     _buf: str = ""
     _emitted: int = 0
-    _opened: bool = False  # the only segment emitted so far is an opening: the next one is still the head
+    # the only segment emitted so far is an opening (or a word cut): the next one is still the head
+    _opened: bool = False
 
     @property
     def pending(self) -> str:
@@ -133,7 +135,10 @@ class Segmenter:
         head_end = _end_of_word(self._buf, len(words))
         head, self._buf = self._buf[:head_end], self._buf[head_end:].lstrip()
         out: list[str] = []
-        self._take(head, out)
+        # A first segment cut at a word is short, like an opening: what follows it is still the
+        # head (cut at an early clause or ``first_max_chars``), not held for the sentence's end,
+        # which a slow LLM may reach after the short first segment has played out.
+        self._take(head, out, opening=True)
         return out
 
     def _take(self, seg: str, out: list[str], *, opening: bool = False) -> None:

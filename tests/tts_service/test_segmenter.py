@@ -272,6 +272,26 @@ def test_cut_words_does_not_strand_a_function_word(pending: str, cut: str, left:
     assert seg.pending == left
 
 
+def test_the_segment_after_a_first_word_cut_is_still_the_head() -> None:
+    # A slow LLM: the scheduler cut the first words before any punctuation came. What follows is
+    # cut like a first segment (an early clause, or a phrase within first_max_chars), not held for
+    # the sentence's end, which the LLM may write after the short first segment has played out.
+    seg = Segmenter()
+    seg.push("The capital of France is ")
+    assert seg.cut_words(3) == ["The capital of France"]
+    text = "Paris, a city known for its museums, its food and the river that runs through its heart."
+    out = [s for ch in text for s in seg.push(ch)]
+    assert out == ["is Paris, a city known for its museums,"]
+    assert seg.flush() == ["its food and the river that runs through its heart."]
+    # a later word cut does not make the segment after it a head again
+    seg = Segmenter()
+    seg.push("Well. Then the long sentence goes on and ")
+    assert seg.cut_words(3) == ["Then the long sentence goes"]
+    text = "on, for longer than the first segment's cap of forty characters would let it go. Done."
+    out = [s for ch in text for s in seg.push(ch)]
+    assert out == ["on and on, for longer than the first segment's cap of forty characters would let it go."]
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=TEXT, min_words=st.integers(0, 4))
 def test_cut_words_loses_nothing_and_never_ends_on_a_leaning_word(text: str, min_words: int) -> None:

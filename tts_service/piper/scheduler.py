@@ -74,7 +74,7 @@ class PiperSchedulerOptions:
     capacity: float = 0.85  # fraction of each worker's time streams may take before refusing
     workers: int = 0  # worker threads running batches; 0: the runtime picks for the engine (1 today)
     max_streams: int | None = None  # hard cap on concurrent streams (None: by measured load)
-    first_cut_s: float = 0.25  # text without a boundary for this long is cut at a word (see _starving_in)
+    first_cut_s: float = 0.15  # text without a boundary for this long is cut at a word (see _starving_in)
     # Text never stranded (see _stranded): when no text came for this long, whatever is buffered
     # is spoken - after a sentence end ("Hi there." with no flush) soon, a fragment ("Okay") later.
     sentence_wait_s: float = 0.3
