@@ -272,23 +272,26 @@ def test_cut_words_does_not_strand_a_function_word(pending: str, cut: str, left:
     assert seg.pending == left
 
 
+def _word_cut_then(pending: str, text: str) -> tuple[list[str], list[str], Segmenter]:
+    """The scheduler's word cut of ``pending``, then ``text`` a character at a time: (cut, segments, segmenter)."""
+    seg = Segmenter()
+    seg.push(pending)
+    cut = seg.cut_words(3)
+    return cut, [s for ch in text for s in seg.push(ch)], seg
+
+
 def test_the_segment_after_a_first_word_cut_is_still_the_head() -> None:
     # A slow LLM: the scheduler cut the first words before any punctuation came. What follows is
     # cut like a first segment (an early clause, or a phrase within first_max_chars), not held for
     # the sentence's end, which the LLM may write after the short first segment has played out.
-    seg = Segmenter()
-    seg.push("The capital of France is ")
-    assert seg.cut_words(3) == ["The capital of France"]
     text = "Paris, a city known for its museums, its food and the river that runs through its heart."
-    out = [s for ch in text for s in seg.push(ch)]
-    assert out == ["is Paris, a city known for its museums,"]
+    cut, out, seg = _word_cut_then("The capital of France is ", text)
+    assert cut == ["The capital of France"] and out == ["is Paris, a city known for its museums,"]
     assert seg.flush() == ["its food and the river that runs through its heart."]
     # a later word cut does not make the segment after it a head again
-    seg = Segmenter()
-    seg.push("Well. Then the long sentence goes on and ")
-    assert seg.cut_words(3) == ["Then the long sentence goes"]
     text = "on, for longer than the first segment's cap of forty characters would let it go. Done."
-    out = [s for ch in text for s in seg.push(ch)]
+    cut, out, _ = _word_cut_then("Well. Then the long sentence goes on and ", text)
+    assert cut == ["Then the long sentence goes"]
     assert out == ["on and on, for longer than the first segment's cap of forty characters would let it go."]
 
 
