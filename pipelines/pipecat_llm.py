@@ -3,7 +3,7 @@
 Why: ``OpenAILLMService`` makes an ``AsyncOpenAI`` client per call, and its HTTP client builds a
 fresh ``ssl.SSLContext`` (loading the system's CA certificates) in its constructor, on the event
 loop, at every call's start, even for the local LLM on plain HTTP. ``pipelines.loop_watch`` caught
-it holding the loop for 224 ms under four calls (``ssl.py:create_default_context``), while every
+it holding the loop for 224 ms in a run of ``scripts/agent_calls.py`` (``ssl.py:create_default_context``), while every
 other call's audio waited.
 
 :func:`shared_tls_context` is the context the HTTP library itself would build
