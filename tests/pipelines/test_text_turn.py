@@ -8,6 +8,7 @@ finished sentence, and the clearest cases must fall on their side of the judge's
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -58,6 +59,24 @@ def test_from_the_event_loop(words) -> None:
     assert asyncio.run(words.p_end_async("What is the capital of France?")) >= TurnJudge().text_likely
 
 
+# A read in a shared pass may differ from the same read alone by the kernels' rounding (their sums
+# run over another number of rows; bf16 activations on AVX2 moved one read 0.06 nats on an AMD EPYC),
+# never by what the read sees: a branch that saw another's words moves by nats, not hundredths.
+SAME_READ_NATS = 0.15
+
+
+def same_reads(got: list[float | None], alone: list[float | None]) -> bool:
+    """Each read within ``SAME_READ_NATS`` of its read alone, on the log-odds the judge thresholds."""
+
+    def logit(p: float) -> float:
+        p = min(max(p, 1e-9), 1 - 1e-9)
+        return math.log(p / (1 - p))
+
+    return len(got) == len(alone) and all(
+        a is not None and b is not None and abs(logit(a) - logit(b)) <= SAME_READ_NATS for a, b in zip(got, alone)
+    )
+
+
 FOUR = [
     "What is the capital of France?",
     "Could you send me",
@@ -72,7 +91,7 @@ def test_reads_judged_together_equal_each_read_alone(words) -> None:
     alone = [words.p_end(t) for t in FOUR]
     together = words.p_end_many([*FOUR, "", "  ... "])
     assert together[4:] == [None, None]
-    assert together[:4] == pytest.approx(alone, rel=0.02, abs=1e-4)
+    assert same_reads(together[:4], alone), (together[:4], alone)
     assert words.p_end(FOUR[0]) == pytest.approx(alone[0], rel=1e-3)
 
 
@@ -90,7 +109,7 @@ def test_reads_asked_for_while_one_runs_go_in_the_next_pass(words) -> None:
     got = asyncio.run(ask())
     passes = list(words.batches)[before:]
     assert sum(passes) == 4 and max(passes) >= 3, passes
-    assert got == pytest.approx(alone, rel=0.02, abs=1e-4)
+    assert same_reads(got, alone), (got, alone)
 
 
 def test_a_read_given_up_while_queued_does_not_stop_the_next(words) -> None:
@@ -107,4 +126,4 @@ def test_a_read_given_up_while_queued_does_not_stop_the_next(words) -> None:
         return [await asyncio.wait_for(kept, 30), await asyncio.wait_for(words.p_end_async(FOUR[2]), 30)]
 
     got = asyncio.run(ask())
-    assert got == pytest.approx([words.p_end(FOUR[0]), words.p_end(FOUR[2])], rel=0.02, abs=1e-4)
+    assert same_reads(got, [words.p_end(FOUR[0]), words.p_end(FOUR[2])]), got
