@@ -1,5 +1,21 @@
 """Moved to :mod:`agent.runtime.echo`; this address stays for code written against it."""
 
-from agent.runtime.echo import RATE, DelayEstimator, EchoCanceller, EchoStats, echo_transcript
+from agent.runtime.echo import (
+    RATE,
+    SURE_DB,
+    DelayEstimator,
+    EchoCanceller,
+    EchoStats,
+    echo_transcript,
+    residue_transcript,
+)
 
-__all__ = ["RATE", "DelayEstimator", "EchoCanceller", "EchoStats", "echo_transcript"]
+__all__ = [
+    "RATE",
+    "SURE_DB",
+    "DelayEstimator",
+    "EchoCanceller",
+    "EchoStats",
+    "echo_transcript",
+    "residue_transcript",
+]

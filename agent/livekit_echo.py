@@ -38,7 +38,7 @@ from livekit.agents import stt
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit.agents.voice import Agent, ModelSettings, io
 
-from .runtime.echo import RATE, EchoCanceller, echo_transcript
+from .runtime.echo import RATE, EchoCanceller, echo_transcript, residue_transcript
 
 __all__ = ["EchoCheckedAgent", "LiveKitEcho"]
 
@@ -49,6 +49,7 @@ log = logging.getLogger("streamvox.livekit_echo")
 # transcribes one utterance at a time (an echo's transcript waits behind the caller's): 8 s let the
 # echo of a long reply's first sentence through on a loaded machine
 PLAYED_WORDS_S = 15.0
+SEGMENT_S = 2.0  # the caller's audio a transcript is judged by: its segment and the STT's time since
 GAP_S = 0.5  # an output that ran dry for up to this long is told to the canceller as silence
 
 
@@ -173,6 +174,12 @@ class LiveKitEcho:
         if echo_transcript(text, played):
             self.dropped_transcripts.append(text)
             log.info("echo: dropped a transcript that repeats the bot's own words: %r", text)
+            return True
+        # garbled words of the bot's, from audio that never stood clear of its residue (no bot words
+        # in the last seconds: ``played`` is empty and this is never true)
+        if residue_transcript(text, played, margin := self.canceller.caller_margin_db(SEGMENT_S)):
+            self.dropped_transcripts.append(text)
+            log.info("echo: dropped a transcript of the echo's residue (%.0f dB above it): %r", margin, text)
             return True
         return False
 

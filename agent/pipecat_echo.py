@@ -52,14 +52,12 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-from .runtime.echo import RATE, EchoCanceller, echo_transcript
+from .runtime.echo import RATE, EchoCanceller, echo_transcript, residue_transcript
 
 __all__ = ["PipecatEcho"]
 
-# a VAD run this far above the residue (median over its frames) is the caller's: the speakerphone
-# tests' caller runs measured 21-51 dB, residue runs of 150 ms or more mostly 11-19 (BENCHMARKS, "Echo")
-SURE_DB = 21.0
 PLAYED_WORDS_S = 8.0  # how far back a transcript is compared with the bot's words (delay + STT time)
+SEGMENT_S = 2.0  # the caller's audio a transcript is judged by: its segment and the STT's time since
 
 
 class PipecatEcho:
@@ -130,8 +128,7 @@ class PipecatEcho:
         """Whether the last ``seconds`` of the caller's audio stood clear of what the bot's echo can
         leave (``SURE_DB`` above the residue the gate expects, or no echo possible): a VAD run in it
         is the caller, not echo residue (the YieldGate's ``caller_sure``)."""
-        margin = self.canceller.caller_margin_db(seconds)
-        return margin is None or margin >= SURE_DB
+        return self.canceller.surely_caller(seconds)
 
     def interrupted(self) -> None:
         now = self._clock()
@@ -156,7 +153,9 @@ class PipecatEcho:
 
     def is_echo(self, text: str, bot_audio: bool | None = None) -> bool:
         """Whether ``text`` only repeats what the bot just played; never for a segment the STT says the
-        bot's audio did not overlap (``bot_audio`` False; None: not known, the words decide)."""
+        bot's audio did not overlap (``bot_audio`` False; None: not known, the words decide). Under the
+        bot (``bot_audio`` True) garbled words count too where the audio never stood clear of the
+        echo's residue (:func:`~agent.runtime.echo.residue_transcript`)."""
         if bot_audio is False:
             return False
         now = self._clock()
@@ -164,6 +163,10 @@ class PipecatEcho:
         if echo_transcript(text, played):
             self.dropped_transcripts.append(text)
             logger.info(f"echo: dropped a transcript that repeats the bot's own words: {text!r}")
+            return True
+        if bot_audio and residue_transcript(text, played, margin := self.canceller.caller_margin_db(SEGMENT_S)):
+            self.dropped_transcripts.append(text)
+            logger.info(f"echo: dropped a transcript of the echo's residue ({margin:.0f} dB above it): {text!r}")
             return True
         return False
 
