@@ -311,4 +311,7 @@ async def test_a_segment_keeps_its_early_decode_when_the_caller_starts_again_at_
     down, _ = await run_test(stt, frames_to_send=frames)
     texts = [f.text for f in down if isinstance(f, TranscriptionFrame)]
     assert len(texts) == 2 and "password" in texts[0].lower(), texts
-    assert stt.early == {"used": 2, "wasted": 0}
+    # both segments' transcripts are their early decodes (voided by the next words, the first would be
+    # decoded again: used 1). An early decode started and voided inside a segment costs CPU, not the
+    # words: once in a make test run under load (3 workers on 2 cores) one was, so it is not counted
+    assert stt.early["used"] == 2, stt.early
