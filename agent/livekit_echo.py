@@ -175,9 +175,9 @@ class LiveKitEcho:
             self.dropped_transcripts.append(text)
             log.info("echo: dropped a transcript that repeats the bot's own words: %r", text)
             return True
-        # garbled words of the bot's, from audio that never stood clear of its residue (no bot words
-        # in the last seconds: ``played`` is empty and this is never true)
-        if residue_transcript(text, played, margin := self.canceller.caller_margin_db(SEGMENT_S)):
+        # garbled words of the bot's, or Whisper's stock phrase, from audio that never stood clear of
+        # its residue; only while the bot has been talking (the Pipecat side asks the STT's bot_audio)
+        if played and residue_transcript(text, played, margin := self.canceller.caller_margin_db(SEGMENT_S)):
             self.dropped_transcripts.append(text)
             log.info("echo: dropped a transcript of the echo's residue (%.0f dB above it): %r", margin, text)
             return True

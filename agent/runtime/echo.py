@@ -833,6 +833,6 @@ def residue_transcript(transcript: str, played: str, margin_db: float | None) ->
 
 
 # What Whisper says when it hears no words it knows (it learnt from subtitles): "Thank you." on the
-# echo's residue stopped the bot at the page and in the LiveKit worker at 0 dB (docs/BENCHMARKS.md,
+# echo's residue stopped the bot at the page (0 dB) and in the LiveKit worker (docs/BENCHMARKS.md,
 # "Echo"). Judged so only by residue_transcript: under the bot, from audio that never stood clear of it.
 WHISPER_STOCK = frozenset({"thank you", "thank you very much", "thanks for watching", "thank you for watching", "bye"})
