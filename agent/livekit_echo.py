@@ -38,7 +38,7 @@ from livekit.agents import stt
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit.agents.voice import Agent, ModelSettings, io
 
-from .runtime.echo import RATE, EchoCanceller, echo_transcript, residue_transcript
+from .runtime.echo import RATE, SEGMENT_S, EchoCanceller, echo_transcript, residue_transcript
 
 __all__ = ["EchoCheckedAgent", "LiveKitEcho"]
 
@@ -49,7 +49,6 @@ log = logging.getLogger("streamvox.livekit_echo")
 # transcribes one utterance at a time (an echo's transcript waits behind the caller's): 8 s let the
 # echo of a long reply's first sentence through on a loaded machine
 PLAYED_WORDS_S = 15.0
-SEGMENT_S = 2.0  # the caller's audio a transcript is judged by: its segment and the STT's time since
 GAP_S = 0.5  # an output that ran dry for up to this long is told to the canceller as silence
 
 

@@ -52,12 +52,11 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-from .runtime.echo import RATE, EchoCanceller, echo_transcript, residue_transcript
+from .runtime.echo import RATE, SEGMENT_S, EchoCanceller, echo_transcript, residue_transcript
 
 __all__ = ["PipecatEcho"]
 
 PLAYED_WORDS_S = 8.0  # how far back a transcript is compared with the bot's words (delay + STT time)
-SEGMENT_S = 2.0  # the caller's audio a transcript is judged by: its segment and the STT's time since
 
 
 class PipecatEcho:

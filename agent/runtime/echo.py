@@ -63,7 +63,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SURE_DB", "DelayEstimator", "EchoCanceller", "EchoStats", "echo_transcript", "residue_transcript"]
+__all__ = [
+    "SEGMENT_S",
+    "SURE_DB",
+    "DelayEstimator",
+    "EchoCanceller",
+    "EchoStats",
+    "echo_transcript",
+    "residue_transcript",
+]
 
 RATE = 16000  # the canceller's own rate: what the VAD and the STT read
 FRAME = RATE // 100  # AEC3 works on 10 ms frames
@@ -91,6 +99,7 @@ MARGIN_FRAMES = 200  # 2 s of frames' margins kept for caller_margin_db
 # tests' caller runs measured 21-51 dB, residue runs of 150 ms or more mostly 11-19 (BENCHMARKS, "Echo")
 SURE_DB = 21.0
 RESIDUE_SHARE = 0.6  # of a transcript's words the bot's own, for residue_transcript
+SEGMENT_S = 2.0  # the caller's audio a transcript is judged by (caller_margin_db): its segment and the STT's time since
 TAIL = RATE // 2  # samples after the bot's audio stops arriving in which a room's echo still rings
 
 

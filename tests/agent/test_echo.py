@@ -195,9 +195,9 @@ def test_residue_transcript(transcript: str, played: str, margin_db: float | Non
 
 def test_garbled_words_of_the_residue_are_dropped_a_callers_are_not(bot_voices) -> None:
     """``PipecatEcho.is_echo`` under the bot: words the bot's echo alone left at 0 dB (AEC3's residue
-    through the real canceller) that half repeat the bot are dropped; the same words from audio that
-    stood clear of the residue (a caller's, over the bot: the words of "Wait, stop.") are kept; so
-    are they where the STT says no bot audio overlapped the segment."""
+    through the real canceller) that mostly repeat the bot are dropped, and never where the STT says
+    no bot audio overlapped the segment; the same words from audio that stood clear of the residue (a
+    caller saying "for your love." over the bot) are kept."""
     from agent.pipecat_echo import PipecatEcho
 
     dropped = kept = 0
