@@ -2,6 +2,7 @@
 
 from agent.runtime.echo import (
     RATE,
+    SEGMENT_S,
     SURE_DB,
     DelayEstimator,
     EchoCanceller,
@@ -12,6 +13,7 @@ from agent.runtime.echo import (
 
 __all__ = [
     "RATE",
+    "SEGMENT_S",
     "SURE_DB",
     "DelayEstimator",
     "EchoCanceller",
