@@ -97,8 +97,9 @@ class AgentConfig:
     system_prompt: str = SYSTEM_PROMPT
     greeting: str | None = GREETING
     # STREAMVOX_ECHO_CANCEL: where the bot's own voice is removed from the caller's audio (agent.runtime.echo):
-    # "auto" (the default: phone calls, and page calls on loudspeakers, i.e. whose page asks the browser for
-    # echo cancellation), "phone" (phone calls only: the default until 12-05), "on" (every call), "off"
+    # "auto" (the default: phone calls, and page calls on loudspeakers, i.e. whose page sends the raw
+    # microphone or asks the browser for echo cancellation), "phone" (phone calls only: the default until
+    # 12-05), "on" (every call), "off"
     echo_cancel: str = "auto"
     # STREAMVOX_SPECULATE=on|text|off: the reply's LLM inference starts at the first transcript after
     # a VAD stop (pipelines.pipecat_turns); "on": its audio too, held after the TTS until the end of
@@ -320,9 +321,9 @@ def turn_strategies(
 def cancels_echo(mode: str, *, phone: bool, page_echo: str | None = None) -> bool:
     """Whether a call gets the agent's echo canceller, by ``STREAMVOX_ECHO_CANCEL`` and the call.
 
-    "auto" (the default) cancels on phone calls and on page calls on loudspeakers (the page asks the
-    browser for echo cancellation, "browser-aec", or sends the raw microphone for the agent alone to
-    cancel, "agent-aec"), not with headphones, nor for a WebRTC client that did not say: on
+    "auto" (the default) cancels on phone calls and on page calls on loudspeakers (the page sends the
+    raw microphone for the agent alone to cancel, "agent-aec", its default, or asks the browser for
+    echo cancellation, "browser-aec"), not with headphones, nor for a WebRTC client that did not say: on
     loudspeakers a browser whose canceller lets the echo through made the agent stop or answer
     itself ~16 times in 30 s, ours took that to 0-3 a session; with no echo at all, ours can duck
     a caller who talks over the call's first second of bot audio, before it can tell that there is

@@ -4,8 +4,9 @@ The demo (``python -m pipelines.pipecat_agent``, started once) and headless Chro
 browser test's fake-microphone file (``support.browser.harness``: silence; speech over the
 greeting; silence; a question), ``--runs`` sessions with headphones (echo cancellation off) and
 ``--runs`` with the browser's echo cancellation on (and, with ``--modes ...,agent-cancels``, on
-loudspeakers with the raw microphone, the agent cancelling alone). Each session gives one barge-in (over the
-greeting) and two replies (to the barge-in, to the question). Printed and written as JSON:
+loudspeakers with the raw microphone, the agent cancelling alone: the page's default from 12-07). Each
+session gives one barge-in (over the greeting) and two replies (to the barge-in, to the question).
+Printed and written as JSON:
 
 * at the page: voice-to-voice (end of the caller's speech -> first bot audio), barge-in yield
   (onset -> bot 20 dB quieter) and silence (onset -> bot audio gone), median and p95;
@@ -159,7 +160,7 @@ def _echo(level: str, args: argparse.Namespace) -> H.EchoPath | None:
 
 # the page's echo modes by name: headphones (raw microphone, nobody cancels), loudspeakers with the
 # browser's echo cancellation (the agent cleans what it lets through), loudspeakers with the raw
-# microphone and the agent cancelling alone; the value is the page's loudspeakers setting
+# microphone and the agent cancelling alone (the page's default); the value is the page's loudspeakers setting
 MODES = {"headphones": "browser", "echo-cancellation": "browser", "agent-cancels": "agent"}
 
 

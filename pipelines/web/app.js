@@ -87,8 +87,9 @@ const pending = { page: [], server: [] }; // unpaired records, both kinds
 let botLine = null;
 
 // ---------------------------------------------------------------- headphones toggle
-// Default: echo cancellation ON. Measured (docs/BENCHMARKS.md): it costs barge-in time, but on
-// loudspeakers without it the agent hears itself and interrupts itself, which is worse.
+// Default: off (loudspeakers), so the echo is cancelled (below: by the agent, by default). Measured
+// (docs/BENCHMARKS.md, "Echo"): on loudspeakers with nobody cancelling, the agent hears itself and
+// interrupts itself.
 const params = new URLSearchParams(location.search);
 const stored = localStorage.getItem("streamvox.headphones");
 ui.headphones.checked = params.has("headphones") ? params.get("headphones") === "1" : stored === "1";
@@ -97,9 +98,13 @@ ui.headphones.addEventListener("change", () => {
   showEchoMode();
   if (conn.pc) info("The headphones setting applies from the next Connect.");
 });
-// On loudspeakers, who cancels the echo ("browser" or "agent"; ?loudspeakers= overrides what was stored)
+// On loudspeakers, who cancels the echo ("browser" or "agent"; ?loudspeakers= overrides what was stored).
+// The agent, by default: the browser's canceller ducks a caller who talks over the agent, often for
+// their whole first words ("Wait, stop." lost, the agent silent ~0.9 s after the caller began), while
+// the agent, cancelling alone with the exact audio it played, hears them and falls silent in ~0.3 s
+// with no more self-interruptions (docs/BENCHMARKS.md, "Echo": the page's default on loudspeakers).
 const LOUDSPEAKERS = ["browser", "agent"];
-const DEFAULT_LOUDSPEAKERS = "browser";
+const DEFAULT_LOUDSPEAKERS = "agent";
 const storedLs = localStorage.getItem("streamvox.loudspeakers");
 const askedLs = params.get("loudspeakers");
 ui.loudspeakers.value = LOUDSPEAKERS.includes(askedLs) ? askedLs : LOUDSPEAKERS.includes(storedLs) ? storedLs : DEFAULT_LOUDSPEAKERS;
@@ -111,9 +116,9 @@ ui.loudspeakers.addEventListener("change", () => {
 
 // Which echo mode the page is in (sent in /start, STREAMVOX_ECHO_CANCEL=auto acts on it): with
 // headphones the page sends the raw microphone and nobody cancels (there is no echo); on loudspeakers
-// either the browser cancels echo before sending and the agent cancels what it lets through
-// ("browser-aec"), or the page sends the raw microphone and the agent alone cancels, with the exact
-// audio it played as the reference ("agent-aec"): the browser's canceller also ducks a caller who talks
+// either the page sends the raw microphone and the agent alone cancels, with the exact audio it played
+// as the reference ("agent-aec", the default), or the browser cancels echo before sending and the agent
+// cancels what it lets through ("browser-aec"): the browser's canceller also ducks a caller who talks
 // over the agent (docs/BENCHMARKS.md, "Echo").
 const echoModeOf = (headphones, loudspeakers) => (headphones ? "raw-mic" : loudspeakers === "agent" ? "agent-aec" : "browser-aec");
 const ECHO_MODE_TEXT = {

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import wave
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -443,7 +444,8 @@ def run_session(
     timeout_s: float = 90.0,
     echo: EchoPath | None = None,
     session_s: float | None = None,
-    loudspeakers: str = "browser",
+    loudspeakers: str | None = None,
+    stop_when: Callable[[Session], bool] | None = None,
 ) -> Session:
     """Open the page, press Connect, let the microphone file play out, collect what happened.
 
@@ -452,16 +454,20 @@ def run_session(
     ``session_s``, at that time on the microphone's clock instead (an agent that talks to its own
     echo may never fall silent). ``echo``: the page sends the microphone plus the agent's echo.
     ``loudspeakers`` (without headphones): who cancels the echo, "browser" or "agent" (the page's
-    setting of that name).
+    setting of that name; None: the page's default). ``stop_when``: asked about the session so far
+    (its page snapshot) every second; true ends it there, as ``session_s`` would (a control that
+    only needs its first event).
     """
     wait_for_a_free_line(base_url)
     driver = open_browser(plan.path, browser=browser, driver=driver_path, echo=echo)
     try:
-        driver.get(f"{base_url}/?headphones={int(headphones)}&loudspeakers={loudspeakers}")
+        asked = "" if loudspeakers is None else f"&loudspeakers={loudspeakers}"
+        driver.get(f"{base_url}/?headphones={int(headphones)}{asked}")
         driver.find_element("id", "connect").click()
         deadline = time.monotonic() + timeout_s
         shot_taken: set[str] = set()
         session = Session(page={}, plan=plan)
+        looked_at = 0.0  # mic time of the last snapshot stop_when was asked about
         while time.monotonic() < deadline:
             time.sleep(0.5)
             state = _js(driver, "window.streamvox.state")
@@ -475,6 +481,11 @@ def run_session(
             if session_s is not None and t >= session_s:
                 session.until_s = session_s
                 break
+            if stop_when is not None and t - looked_at >= 1.0:
+                looked_at, session.page = t, _js(driver, "window.streamvox.snapshot()")
+                if stop_when(session):
+                    session.until_s = t
+                    break
             if shots is not None and "greeting" not in shot_taken and t > plan.barge_in[0] - 0.5:
                 shot_taken.add("greeting")
                 session.screenshots.append(_shot(driver, shots / "1-greeting.png"))
@@ -498,6 +509,11 @@ def run_session(
         session.console_errors = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
         return session
     finally:
+        # hang up as a user would (the page closes its peer connection): the agent frees the line at
+        # once, where a browser that just quits is noticed only when its connection times out
+        with contextlib.suppress(Exception):
+            driver.execute_script("const b = document.getElementById('disconnect'); if (b && !b.disabled) b.click();")
+            time.sleep(0.2)
         driver.quit()
 
 

@@ -191,8 +191,16 @@ class SelfInterrupted(AssertionError):
 )
 def test_on_loudspeakers_the_agent_does_not_interrupt_itself(chromium, plan, demo) -> None:
     browser, driver = chromium
+    # the first self-interruption is all this control needs: the session ends there (else at LOUDSPEAKER_S)
     s = H.run_session(
-        demo.base, plan, headphones=True, browser=browser, driver_path=driver, echo=ECHO, session_s=LOUDSPEAKER_S
+        demo.base,
+        plan,
+        headphones=True,
+        browser=browser,
+        driver_path=driver,
+        echo=ECHO,
+        session_s=LOUDSPEAKER_S,
+        stop_when=lambda so_far: so_far.self_interruptions()["count"] > 0,
     )
     report = s.self_interruptions()
     (H.OUT / "session-echo.json").write_text(json.dumps({"figures": s.figures(), "page": s.page}, indent=1))
@@ -200,30 +208,43 @@ def test_on_loudspeakers_the_agent_does_not_interrupt_itself(chromium, plan, dem
     # the echo was there: the agent's track fed it, and it was loud in what the page sent
     assert s.echo and s.echo["error"] is None and s.echo["remoteTracks"] >= 1, s.echo
     assert s.echo["echoPeakDb"] > -40, s.echo
-    assert report["session_s"] >= LOUDSPEAKER_S - 1, report
+    assert report["count"] or report["session_s"] >= LOUDSPEAKER_S - 1, report
     if report["count"]:
         transcript = [(x["who"], x["text"], x["interrupted"]) for x in s.page["transcript"]]
         raise SelfInterrupted(f"{ECHO.describe()}: {report}; transcript {transcript}")
 
 
-def test_on_loudspeakers_in_the_pages_default_mode_the_agent_cancels_what_the_browser_lets_through(
+def test_on_loudspeakers_in_the_pages_default_mode_the_agent_cancels_and_hears_a_caller_over_it(
     chromium, plan, demo
 ) -> None:
-    """The page's default (headphones off: the browser's echo cancellation on) with the same echo path,
-    mixed in after the browser's processing as a canceller that lets it through: the page says
-    "browser-aec" in /start and the agent cancels too (STREAMVOX_ECHO_CANCEL=auto). Without it the
-    agent stopped or answered itself ~16 times in 30 s (docs/BENCHMARKS.md, "Echo"); with it 0-1 a
-    session at this level: a generous bound."""
+    """The page's default (headphones off, no loudspeakers setting: the raw microphone, the agent
+    cancels alone, "agent-aec" in /start, STREAMVOX_ECHO_CANCEL=auto) with the same echo path.
+    Without a canceller the agent stopped or answered itself ~16 times in 30 s (docs/BENCHMARKS.md,
+    "Echo"); with it 0-1 a session at this level: a generous bound. And the caller who talks over
+    the greeting is heard from their first words: with the browser's canceller (the page's default
+    until 12-07) "Wait, stop." was lost in 4 of 4 sessions and the agent fell silent ~0.9 s after the
+    caller began, against ~0.3 s here (the bound is generous: timing claims live in the benchmark)."""
     browser, driver = chromium
     s = H.run_session(
-        demo.base, plan, headphones=False, browser=browser, driver_path=driver, echo=ECHO, session_s=LOUDSPEAKER_S
+        demo.base,
+        plan,
+        headphones=False,
+        loudspeakers=None,
+        browser=browser,
+        driver_path=driver,
+        echo=ECHO,
+        session_s=LOUDSPEAKER_S,
     )
     report = s.self_interruptions()
     assert s.page["state"] == "connected", f"the page says: {s.page['error']}"
-    assert s.page["echoMode"] == "browser-aec"
+    assert s.page["echoMode"] == "agent-aec"
     assert s.echo and s.echo["error"] is None and s.echo["echoPeakDb"] > -40, s.echo  # the echo was there
     transcript = [(x["who"], x["text"], x["interrupted"]) for x in s.page["transcript"]]
     assert report["count"] <= 2, f"{ECHO.describe()}: {report}; transcript {transcript}"
+    heard = {w for who, text, _ in transcript if who == "you" for w in H.words(text)}
+    assert heard & {"wait", "stop"}, f"the caller's first words over the greeting were lost: {transcript}"
+    silence = s.from_file()["barge_in_silence_ms"]
+    assert silence is not None and silence < 1500, (silence, transcript)
 
 
 # ---------------------------------------------------------------- the page's failure messages
@@ -301,17 +322,18 @@ def test_the_page_says_which_echo_mode_it_is_in(chromium, page_without_agent) ->
         loudspeakers = driver.find_element("id", "loudspeakers")
         disabled_with_headphones = not loudspeakers.is_enabled()
         driver.find_element("id", "headphones").click()
-        Select(loudspeakers).select_by_value("agent")
-        agent = (label.text, label.get_attribute("data-mode"))
+        Select(loudspeakers).select_by_value("browser")
+        browser_aec = (label.text, label.get_attribute("data-mode"))
         driver.get(f"{page_without_agent}/")  # the choice is kept for the next visit
         kept = driver.find_element("id", "echo-mode").get_attribute("data-mode")
-        driver.get(f"{page_without_agent}/?loudspeakers=browser")  # and a link can override it
+        driver.get(f"{page_without_agent}/?loudspeakers=agent")  # and a link can override it
         asked = driver.find_element("id", "echo-mode").get_attribute("data-mode")
         driver.execute_script("localStorage.clear();")
     finally:
         driver.quit()
-    assert before == ("echo: cancelled by the browser, and what it lets through by the agent", "browser-aec"), before
+    # the default on loudspeakers: the raw microphone, the agent cancels (docs/BENCHMARKS.md, "Echo")
+    assert before == ("echo: raw microphone, cancelled by the agent", "agent-aec"), before
     assert after == ("echo: raw microphone (headphones: none to cancel)", "raw-mic"), after
     assert disabled_with_headphones
-    assert agent == ("echo: raw microphone, cancelled by the agent", "agent-aec"), agent
-    assert (kept, asked) == ("agent-aec", "browser-aec")
+    assert browser_aec == ("echo: cancelled by the browser, and what it lets through by the agent", "browser-aec")
+    assert (kept, asked) == ("browser-aec", "agent-aec")

@@ -92,10 +92,12 @@ def _live_reorder_buffers() -> list[AudioReorderBuffer]:
 
 @pytest.mark.slow
 async def test_a_page_on_loudspeakers_gets_the_agents_echo_canceller(engine):
-    """STREAMVOX_ECHO_CANCEL=auto (the default): the page says in ``/start`` whether it asks the browser
-    for echo cancellation (loudspeakers, its default) or sends the raw microphone (headphones); the
-    first call gets the agent's canceller too (a browser whose canceller lets the echo through made the
-    agent interrupt itself ~16 times in 30 s), the second and a client that says nothing do not."""
+    """STREAMVOX_ECHO_CANCEL=auto (the default): the page says in ``/start`` which echo mode it is in:
+    on loudspeakers it asks the browser for echo cancellation ("browser-aec") or sends the raw
+    microphone for the agent to cancel ("agent-aec", its default); with headphones the raw microphone
+    ("raw-mic"). The two loudspeaker calls get the agent's canceller (a browser whose canceller lets
+    the echo through made the agent interrupt itself ~16 times in 30 s), the headphones call and a
+    client that says nothing do not."""
     from pipelines.pipecat_agent import AgentConfig
     from pipelines.room_limits import RoomLimits
 
