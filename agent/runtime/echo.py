@@ -33,7 +33,12 @@ predicts the echo's level at the microphone from the reference (its level at the
 plus the measured echo return loss) and what should remain of it after cancellation (less the
 measured enhancement). A frame whose cleaned level is not clearly above that prediction, while the
 bot's audio is arriving, is **echo residue** and is passed on muted (``gate_residue``): the VAD,
-the barge-in and the STT never see it. :func:`echo_transcript` is the last check: a transcript
+the barge-in and the STT never see it. The enhancement is measured afresh whenever the bot talks
+again after a silence (``REPLY_GAP``): the echo's path may have moved in between (a browser's jitter
+buffer starts each talk spurt anew), AEC3 then removes only a few dB until it follows, and an
+enhancement carried over from the last reply would let that residue through as a caller. The price
+is paid by a caller who talks over the first half second of a reply: they must then be louder than
+the bot's echo to pass. :func:`echo_transcript` is the last check: a transcript
 that only repeats words the bot just played is not a caller's turn.
 
 **A caller speaking over the bot (double talk)** must not be lost with the echo, and AEC3 loses
@@ -101,6 +106,7 @@ SURE_DB = 21.0
 RESIDUE_SHARE = 0.6  # of a transcript's words the bot's own, for residue_transcript
 SEGMENT_S = 2.0  # the caller's audio a transcript is judged by (caller_margin_db): its segment and the STT's time since
 TAIL = RATE // 2  # samples after the bot's audio stops arriving in which a room's echo still rings
+REPLY_GAP = RATE  # samples without the bot's audio after which it starts a new talk spurt
 
 
 def _db(x: np.ndarray) -> float:
@@ -635,6 +641,13 @@ class EchoCanceller:
             if at - self._last_far < TAIL:  # the room's echo still rings: no surer than its last residue
                 self._margin = out_db - self._residue_db
             return out  # no bot audio arriving: nothing to judge
+        if at - self._last_far > REPLY_GAP:
+            # the bot talks again after a silence, and the echo's path may have moved meanwhile (a
+            # browser's jitter buffer starts each talk spurt afresh): what AEC3 removes is measured
+            # again, pessimistically at first, as after a moved delay (the residue it leaves while
+            # it follows the move cut a reply 1-2 s in: docs/BENCHMARKS.md, "Echo")
+            self._erle.clear()
+            self._erle_long.clear()
         self.stats.far_frames += 1
         self._last_far = at
         if self._far_since is None:

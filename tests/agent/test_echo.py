@@ -155,6 +155,50 @@ def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voices) -> None
     assert max(longest) <= 15, longest
 
 
+def _loud_runs(out: np.ndarray) -> int:
+    """The longest run of 10 ms frames above -40 dBFS in ``out``: what a VAD could take for speech."""
+    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
+    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
+    return int(runs.max()) if runs.size else 0
+
+
+@pytest.mark.parametrize("gain_db", [-6, 0])
+def test_a_reply_after_a_silence_whose_echo_moved_leaves_no_run_of_residue(bot_voices, gain_db, monkeypatch) -> None:
+    """Between two replies the echo's path moves (a browser's jitter buffer starts each talk spurt
+    afresh; the page's traces: the reply after a question cut ~1 s in by its own residue, AEC3
+    removing 2-5 dB of it). Here the second reply's echo comes 60 ms sooner, after 2 s of silence:
+    AEC3 follows within a second or two, and until then what it leaves must not pass the gate as
+    a run a VAD takes for a caller. The canceller measures what AEC3 removes afresh at each talk
+    spurt (``REPLY_GAP``); the control, without that, passes a run of ~20 frames."""
+    import agent.runtime.echo as echo_module
+
+    first, second = bot_voices[1], bot_voices[3]
+    gap = 2 * SR
+
+    def echo_of(x: np.ndarray, delay_ms: float, n: int) -> np.ndarray:
+        path = EchoPath(sample_rate=SR, delay_ms=delay_ms, gain_db=gain_db, room=Room(rt60_s=0.3, seed=3))
+        path.push(x, at_sample=0)
+        return path.pull(n)
+
+    n2 = (len(second) + SR) // 320 * 320
+    mic = np.concatenate([echo_of(first, 200, len(first) + gap), echo_of(second, 140, n2)])
+    mic += np.random.default_rng(0).standard_normal(len(mic)).astype(np.float32) * 1e-3
+    far = np.concatenate([first, np.zeros(gap, np.float32), second])
+    start = len(first) + gap
+
+    def longest_in_the_second_reply() -> int:
+        out = through_canceller(EchoCanceller(), to_int16(mic), to_int16(far), rate=SR).astype(np.float32) / 32768
+        return _loud_runs(out[start : start + 2 * SR])
+
+    measured = longest_in_the_second_reply()
+    monkeypatch.setattr(echo_module, "REPLY_GAP", 10**12)  # never a new talk spurt: the ERLE of the first reply holds
+    control = longest_in_the_second_reply()
+    print(f"\n[moved echo, {gain_db} dB] longest loud run in the second reply: {measured} (control {control})")
+    assert control >= 10, control  # the premise: the moved echo's residue passes as a run without it
+    assert measured <= 5, (measured, control)  # generous: 2-3 frames offline, 20-21 in the control
+
+
 @pytest.mark.parametrize(
     ("transcript", "played", "echo"),
     [
