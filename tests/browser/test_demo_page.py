@@ -221,9 +221,9 @@ def test_on_loudspeakers_in_the_pages_default_mode_the_agent_cancels_and_hears_a
     cancels alone, "agent-aec" in /start, STREAMVOX_ECHO_CANCEL=auto) with the same echo path.
     Without a canceller the agent stopped or answered itself ~16 times in 30 s (docs/BENCHMARKS.md,
     "Echo"); with it 0-1 a session at this level: a generous bound. And the caller who talks over
-    the greeting is heard from their first words: with the browser's canceller (the page's default
-    until 12-07) "Wait, stop." was lost in 4 of 4 sessions and the agent fell silent ~0.9 s after the
-    caller began, against ~0.3 s here (the bound is generous: timing claims live in the benchmark)."""
+    the greeting is heard, and stops it: the bounds are generous (the figures live in the benchmark:
+    the agent silent ~0.28 s after the caller began, median, p95 1.3 s, "Wait, stop." itself heard in
+    34 of 42 sessions; with the browser's canceller, the page's default until 12-07, 0.89 s and 2 of 14)."""
     browser, driver = chromium
     s = H.run_session(
         demo.base,
@@ -242,9 +242,9 @@ def test_on_loudspeakers_in_the_pages_default_mode_the_agent_cancels_and_hears_a
     transcript = [(x["who"], x["text"], x["interrupted"]) for x in s.page["transcript"]]
     assert report["count"] <= 2, f"{ECHO.describe()}: {report}; transcript {transcript}"
     heard = {w for who, text, _ in transcript if who == "you" for w in H.words(text)}
-    assert heard & {"wait", "stop"}, f"the caller's first words over the greeting were lost: {transcript}"
-    silence = s.from_file()["barge_in_silence_ms"]
-    assert silence is not None and silence < 1500, (silence, transcript)
+    assert heard & set(H.words(H.BARGE_IN)), f"the caller over the greeting was not heard: {transcript}"
+    silence = s.from_file()["barge_in_silence_ms"]  # at the ear: from the caller's onset in the mic file
+    assert silence is not None and silence < 2500, (silence, transcript)
 
 
 # ---------------------------------------------------------------- the page's failure messages
