@@ -645,7 +645,7 @@ class EchoCanceller:
             # the bot talks again after a silence, and the echo's path may have moved meanwhile (a
             # browser's jitter buffer starts each talk spurt afresh): what AEC3 removes is measured
             # again, pessimistically at first, as after a moved delay (the residue it leaves while
-            # it follows the move cut a reply 1-2 s in: docs/BENCHMARKS.md, "Echo")
+            # it follows the move cut a reply ~1 s in: docs/BENCHMARKS.md, "Echo")
             self._erle.clear()
             self._erle_long.clear()
         self.stats.far_frames += 1

@@ -102,7 +102,8 @@ ui.headphones.addEventListener("change", () => {
 // The agent, by default: the browser's canceller ducks a caller who talks over the agent, often for
 // their whole first words ("Wait, stop." lost, the agent silent ~0.9 s after the caller began), while
 // the agent, cancelling alone with the exact audio it played, hears them and falls silent in ~0.3 s
-// with no more self-interruptions (docs/BENCHMARKS.md, "Echo": the page's default on loudspeakers).
+// (median); self-interruptions are rare either way and open either way (docs/BENCHMARKS.md, "Echo":
+// the page's default on loudspeakers).
 const LOUDSPEAKERS = ["browser", "agent"];
 const DEFAULT_LOUDSPEAKERS = "agent";
 const storedLs = localStorage.getItem("streamvox.loudspeakers");
