@@ -127,6 +127,14 @@ def test_truncated_reference_is_not_expected_as_echo() -> None:
     assert not ring.read(at + SR // 4, at + SR).any()
 
 
+def _loud_runs(out: np.ndarray) -> int:
+    """The longest run of 10 ms frames above -40 dBFS in ``out``: what a VAD could take for speech."""
+    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
+    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
+    return int(runs.max()) if runs.size else 0
+
+
 def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voices) -> None:
     """A phone call's first echo came back 0.7 s after the bot's first audio (the speakerphone test,
     once in ~8 calls): the quiet microphone before it had been taken as "no echo here" (an ERL of
@@ -145,22 +153,11 @@ def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voices) -> None
         # the run of echo a VAD takes for a caller (measured: the loud frames were 26 before and after)
         full = EchoCanceller()
         out = through_canceller(full, mic, far, rate=SR).astype(np.float32) / 32768
-        frames = out[: len(out) // 160 * 160].reshape(-1, 160)
-        loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4  # above -40 dBFS
-        runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
-        longest.append(int(runs.max()) if runs.size else 0)
+        longest.append(_loud_runs(out))
     print(f"\n[echo on its way] longest run of loud 10 ms frames per render: {longest}")
     # no 150 ms of echo in a row (Pipecat's VAD wants 200 ms; random renders: up to 13-17 frames,
     # 26 before the fix)
     assert max(longest) <= 15, longest
-
-
-def _loud_runs(out: np.ndarray) -> int:
-    """The longest run of 10 ms frames above -40 dBFS in ``out``: what a VAD could take for speech."""
-    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
-    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
-    return int(runs.max()) if runs.size else 0
 
 
 @pytest.mark.parametrize("gain_db", [-6, 0])
