@@ -106,10 +106,6 @@ SURE_DB = 21.0
 RESIDUE_SHARE = 0.6  # of a transcript's words the bot's own, for residue_transcript
 SEGMENT_S = 2.0  # the caller's audio a transcript is judged by (caller_margin_db): its segment and the STT's time since
 TAIL = RATE // 2  # samples after the bot's audio stops arriving in which a room's echo still rings
-# 10 ms frames of the call's first bot audio in which a fresh AEC3's cancellation is read from the
-# median of the last frames rather than a low percentile (_erle_now): a caller talking over the
-# greeting's first words is then not muted for looking like echo AEC3 failed to remove
-TRUST_FRAMES = 150
 REPLY_GAP = RATE  # samples without the bot's audio after which it starts a new talk spurt
 
 
@@ -470,8 +466,6 @@ class EchoCanceller:
         # mutes everything at first, lets echo through while it converges, then cancels well)
         self._erle = deque(maxlen=30)
         self._erle_long = deque(maxlen=300)  # the same over ~3 s of echo: what a converged AEC3 does
-        # a talk spurt restarted on a used AEC3, whose echo path may have moved meanwhile (_erle_now)
-        self._erle_wary = False
         # (sample clock, dB above the residue the gate expects) of each audible frame handed on
         self._margins: deque[tuple[int, float]] = deque(maxlen=MARGIN_FRAMES)
         self._margin = NO_ECHO_DB  # the frame being judged's
@@ -620,19 +614,13 @@ class EchoCanceller:
         return 10.0 * np.log10(p) if p > 1e-9 else _FLOOR_DB
 
     def _erle_now(self) -> float:
-        """What AEC3 removes now. Once it has converged, the median of the last seconds, so a caller
-        talking over the bot (whose frames look like echo that was not removed) does not talk the
-        gate into muting them too. Before, pessimistically, a low percentile of the last frames (a
-        used AEC3 lets echo through while it follows a moved path) - except in the call's first
-        bot audio (``TRUST_FRAMES``) on a fresh AEC3, which mutes the echo at once: there the low
-        percentile was the caller's own first frames, and the gate muted a caller talking over the
-        greeting for a second or more (``scripts/echo_bench.py --over-echo``)."""
+        """What AEC3 removes now. Until it has converged (a fresh canceller lets echo through for a
+        while before it cancels well) pessimistically, a low percentile of the last frames; once it
+        has, the median of the last seconds, so a caller talking over the bot (whose frames look
+        like echo that was not removed) does not talk the gate into muting them too."""
         if len(self._erle_long) >= CONVERGED_FRAMES and float(np.median(self._erle_long)) >= CONVERGED_DB:
             return float(np.median(self._erle_long))
-        if len(self._erle) < MIN_MEASURED:
-            return 0.0
-        trusting = not self._erle_wary and self.stats.far_frames < TRUST_FRAMES
-        return float(np.median(self._erle) if trusting else np.percentile(self._erle, 10))
+        return float(np.percentile(self._erle, 10)) if len(self._erle) >= MIN_MEASURED else 0.0
 
     def _judge(self, at: int, mic: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Track ERL/ERLE on echo-only frames; pass the caller over the bot, mute echo residue (module docstring).
@@ -660,7 +648,6 @@ class EchoCanceller:
             # it follows the move cut a reply ~1 s in: docs/BENCHMARKS.md, "Echo")
             self._erle.clear()
             self._erle_long.clear()
-            self._erle_wary = self.stats.far_frames > 0  # not at the call's first bot audio
         self.stats.far_frames += 1
         self._last_far = at
         if self._far_since is None:
