@@ -89,7 +89,8 @@ class PipecatEcho:
         st = self.canceller.stats
         moves = " ".join(f"{t:.1f}s:{ms:.0f}" for t, ms, _ in st.delay_history)
         return (
-            f"frames {st.frames}, with the bot's echo {st.far_frames}, muted {st.muted_frames}, double talk "
+            f"frames {st.frames}, with the bot's echo {st.far_frames}, muted {st.muted_frames} (late echo "
+            f"{st.late_frames}), double talk "
             f"{st.talk_frames}; delays adopted {st.delay_updates} [{moves}] ms; ERLE {_fmt(st.erle_db)} dB; "
             f"transcripts dropped as echo {len(self.dropped_transcripts)}"
         )

@@ -106,6 +106,10 @@ SURE_DB = 21.0
 RESIDUE_SHARE = 0.6  # of a transcript's words the bot's own, for residue_transcript
 SEGMENT_S = 2.0  # the caller's audio a transcript is judged by (caller_margin_db): its segment and the STT's time since
 TAIL = RATE // 2  # samples after the bot's audio stops arriving in which a room's echo still rings
+# after the bot's audio at the located delay has ended: the microphone's last LATE_WINDOW samples
+# correlating this much with the bot's audio at a later lag are its echo come late (_late_echo;
+# offline, echo 0.5-0.6 and a caller answering 0.14-0.31: tests/agent/test_echo.py)
+LATE_CORR, LATE_WINDOW = 0.4, RATE // 5
 REPLY_GAP = RATE  # samples without the bot's audio after which it starts a new talk spurt
 
 
@@ -122,6 +126,7 @@ class EchoStats:
     far_frames: int = 0  # of them, with the bot's audio arriving as echo
     muted_frames: int = 0  # echo residue passed on muted
     talk_frames: int = 0  # double talk: the caller over the bot, passed without AEC3's suppression
+    late_frames: int = 0  # of the muted: echo come later than the located delay (_late_echo)
     delay_ms: float | None = None  # the echo delay last estimated
     delay_updates: int = 0
     erl_db: float | None = None  # echo return loss: reference -> microphone
@@ -599,6 +604,24 @@ class EchoCanceller:
                 # converges as at the call's start (pywebrtc-audio's reset() left it diverged here)
                 self._aec = self._aec_factory()
 
+    def _late_echo(self, at: int) -> float:
+        """How much of the last ``LATE_WINDOW`` of microphone is the bot's audio from a lag later than
+        the located delay (beyond its spread, to the search range's end): the largest normalised
+        correlation with the reference over those lags (echo through a room: high; a caller: low)."""
+        d = self.delay
+        end = at + FRAME
+        near = self._mic.read(end - LATE_WINDOW, end).astype(np.float64)
+        ref = self._ref.read(end - LATE_WINDOW - d.max_lag, end).astype(np.float64)
+        size = 1 << int(np.ceil(np.log2(len(ref))))
+        corr = np.fft.irfft(np.conj(np.fft.rfft(near, size)) * np.fft.rfft(ref, size), size)[: d.max_lag + 1]
+        # corr[k]: near against ref[k : k + LATE_WINDOW], the lag max_lag - k; its energy by cumulative sums
+        c = np.concatenate([[0.0], np.cumsum(ref * ref)])
+        energy = c[LATE_WINDOW : LATE_WINDOW + d.max_lag + 1] - c[: d.max_lag + 1]
+        lags = d.max_lag - np.arange(d.max_lag + 1)
+        late = lags > (d.delay or 0) + SPREAD
+        norm = np.sqrt(energy * float(near @ near)) + 1e-12
+        return float(np.max(np.abs(corr[late]) / norm[late])) if late.any() else 0.0
+
     def _loudest_db(self, at: int) -> float:
         """The loudest 10 ms of the bot that may be arriving as echo at ``at``.
 
@@ -640,6 +663,20 @@ class EchoCanceller:
             self._far_since = None
             if at - self._last_far < TAIL:  # the room's echo still rings: no surer than its last residue
                 self._margin = out_db - self._residue_db
+            if (
+                self.gate_residue
+                and self.delay.delay is not None
+                and at - self._last_far < self.delay.max_lag  # the bot's last audio may still come back
+                and mic_db > self._floor_db + 10.0
+                and self._late_echo(at) >= LATE_CORR
+            ):
+                # its echo, come later than located: the path moved late meanwhile (a browser's
+                # jitter buffer grows by hundreds of ms at a time), and the bot's last words came
+                # back after the reference at the old delay went quiet (the page's traces: "Paris."
+                # answered, the delay re-located 0.3 s too late; docs/BENCHMARKS.md, "Echo")
+                self.stats.muted_frames += 1
+                self.stats.late_frames += 1
+                return np.zeros_like(out)
             return out  # no bot audio arriving: nothing to judge
         if at - self._last_far > REPLY_GAP:
             # the bot talks again after a silence, and the echo's path may have moved meanwhile (a

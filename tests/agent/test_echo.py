@@ -373,3 +373,55 @@ async def test_the_pipecat_canceller_on_its_own_thread_cleans_as_it_does_inline(
     echoes[0].close()  # once more: a no-op (each of the three taps closes it)
     await asyncio.sleep(0.2)
     assert not {t.name for t in threading.enumerate() if t.name.startswith("echo")} & threads
+
+
+@pytest.mark.parametrize("gain_db", [-6, 0])
+def test_the_bots_last_words_come_back_later_than_located_and_are_not_a_caller(
+    bot_voices, gain_db, monkeypatch
+) -> None:
+    """The page's echo path jumps by hundreds of ms (its jitter buffer): in a trace, a reply's last
+    word came back 0.4 s later than the located delay, after the reference there had gone quiet, and
+    passed the gate ("no bot audio arriving") as a caller: the bot answered "Paris.". Here a long reply
+    locates the echo at ~250 ms, then a short phrase's echo comes 400 ms later than that. The frames
+    that correlate with the bot's audio at a later lag are muted; a caller answering just after the
+    phrase does not correlate and is kept. The control (the check off) passes a run a VAD takes."""
+    import agent.runtime.echo as echo_module
+
+    def echo_of(x: np.ndarray, delay_ms: float, n: int) -> np.ndarray:
+        path = EchoPath(sample_rate=SR, delay_ms=delay_ms, gain_db=gain_db, room=Room(rt60_s=0.3, seed=3))
+        path.push(x, at_sample=0)
+        return path.pull(n)
+
+    first, phrase = bot_voices[1], bot_voices[2][int(0.3 * SR) : int(1.1 * SR)]
+    n1, tail = len(first), 2 * SR
+    far = np.concatenate([first, phrase, np.zeros(tail, np.float32)])
+    echo = np.zeros(len(far), np.float32)
+    echo[: n1 + SR // 4] += echo_of(first, 250, n1 + SR // 4)
+    echo[n1:] += echo_of(phrase, 650, len(far) - n1)
+    noise = np.random.default_rng(0).standard_normal(len(far)).astype(np.float32) * 1e-3
+    caller = _caller("Sorry, I need a train to Boston.")
+    voice = np.zeros_like(echo)
+    k = n1 + len(phrase) + int(0.4 * SR)  # 0.4 s after the phrase ended at the located delay
+    voice[k : k + len(caller)] = caller[: len(voice) - k]
+
+    def run(mic: np.ndarray) -> tuple[np.ndarray, EchoCanceller]:
+        canceller = EchoCanceller()
+        out = through_canceller(canceller, to_int16(mic), to_int16(far), rate=SR).astype(np.float32) / 32768
+        return out, canceller
+
+    out, canceller = run(echo + noise)
+    late = _loud_runs(out[n1:])
+    said, _ = run(echo + voice + noise)
+    talk = [i for i in range(k, k + len(caller) - 160, 160) if np.mean(voice[i : i + 160] ** 2) > np.mean(caller**2)]
+    ducked = [i for i in talk if np.mean(said[i : i + 160] ** 2) < 0.01 * np.mean(voice[i : i + 160] ** 2)]
+    monkeypatch.setattr(echo_module, "LATE_CORR", 2.0)  # a correlation never reaches it: the check off
+    control = _loud_runs(run(echo + noise)[0][n1:])
+    print(
+        f"\n[late echo, {gain_db} dB] longest loud run after the reply: {late} (control {control}); "
+        f"late frames muted {canceller.stats.late_frames}; caller frames ducked {len(ducked)} of {len(talk)}"
+    )
+    assert abs(canceller.stats.delay_history[0][1] - 250) < 60  # the echo was located at the old delay first
+    assert control >= 30, control  # the premise: half a second of echo passes without the check
+    assert late <= 20, (late, control)  # measured: 17
+    assert canceller.stats.late_frames > 0
+    assert len(ducked) <= 0.1 * len(talk), (len(ducked), len(talk))  # the caller answering is kept
