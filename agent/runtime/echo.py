@@ -38,8 +38,13 @@ again after a silence (``REPLY_GAP``): the echo's path may have moved in between
 buffer starts each talk spurt anew), AEC3 then removes only a few dB until it follows, and an
 enhancement carried over from the last reply would let that residue through as a caller. The price
 is paid by a caller who talks over the first half second of a reply: they must then be louder than
-the bot's echo to pass. :func:`echo_transcript` is the last check: a transcript
-that only repeats words the bot just played is not a caller's turn.
+the bot's echo to pass. The path can also grow *longer* in a moment (a browser's jitter buffer by
+hundreds of ms), and then the bot's last words come back after the reference at the located delay
+has gone quiet, when the gate sees "no bot audio arriving": until the search range is past, a
+frame that correlates with the bot's audio at a later lag is muted as such **late echo**
+(:meth:`EchoCanceller._late_echo`; a caller's speech does not correlate with it).
+:func:`echo_transcript` is the last check: a transcript that only repeats words the bot just
+played is not a caller's turn.
 
 **A caller speaking over the bot (double talk)** must not be lost with the echo, and AEC3 loses
 them: most of what it removes it removes with a nonlinear suppressor (its own linear filter is
