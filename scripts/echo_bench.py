@@ -47,7 +47,7 @@ import soxr
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support/
 
 from agent.runtime.echo import EchoCanceller
-from support.echo_path import EchoPath, Room, erle_windows, through_canceller, to_int16
+from support.echo_path import EchoPath, Room, erle_windows, longest_loud_run, through_canceller, to_int16
 from support.wer import wer
 
 SR = 16000
@@ -246,14 +246,6 @@ OVER_ECHO_ONSETS = (0.6, 1.2, 2.0, 3.5)
 HEARD_FRAMES = 15  # 150 ms of the caller's loud 10 ms frames: about what a VAD wants before it starts
 
 
-def _loud_run(out: np.ndarray) -> int:
-    """The longest run of 10 ms frames above -40 dBFS: echo residue a VAD could take for a caller."""
-    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
-    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
-    return int(runs.max()) if runs.size else 0
-
-
 def _heard_after_ms(out: np.ndarray, voice: np.ndarray, onset: int, length: int, loud_above: float) -> float | None:
     """Ms from the caller's onset until HEARD_FRAMES of their loud frames came through (not ducked by
     20 dB or more); None: never within their words."""
@@ -278,7 +270,7 @@ def barge_in_over_echo(far: np.ndarray) -> list[dict]:
         quiet = {"caller": None, **path}
         for part, gate in (("aec3_only", False), ("canceller", True)):
             out = through_canceller(EchoCanceller(gate_residue=gate), to_int16(echo + noise), to_int16(far), rate=SR)
-            quiet[part] = _loud_run(out.astype(np.float32) / 32768)
+            quiet[part] = longest_loud_run(out.astype(np.float32) / 32768)
         rows.append(quiet)
         for text, said in callers:
             for onset_s in OVER_ECHO_ONSETS:

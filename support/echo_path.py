@@ -205,3 +205,13 @@ def erle_windows(
         o = float(np.mean(out[i : i + w].astype(np.float64) ** 2))
         found.append((i / rate, min(60.0, 10 * np.log10(m / max(o, 1e-12)))))
     return found
+
+
+def longest_loud_run(out: np.ndarray, *, rate: int = 16000, frame_s: float = 0.01, above_db: float = -40.0) -> int:
+    """The longest run of ``frame_s`` frames louder than ``above_db`` dBFS in ``out`` (float, full scale
+    1.0): echo residue a VAD downstream could take for a caller (Pipecat's wants ~200 ms of speech)."""
+    n = int(rate * frame_s)
+    frames = out[: len(out) // n * n].reshape(-1, n)
+    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 10 ** (above_db / 10)
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
+    return int(runs.max()) if runs.size else 0

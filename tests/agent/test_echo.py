@@ -16,7 +16,7 @@ import pytest
 import soxr
 
 from agent.runtime.echo import DelayEstimator, EchoCanceller, echo_transcript, residue_transcript
-from support.echo_path import EchoPath, Room, erle_windows, through_canceller, to_int16
+from support.echo_path import EchoPath, Room, erle_windows, longest_loud_run, through_canceller, to_int16
 
 SR = 16000
 
@@ -127,14 +127,6 @@ def test_truncated_reference_is_not_expected_as_echo() -> None:
     assert not ring.read(at + SR // 4, at + SR).any()
 
 
-def _loud_runs(out: np.ndarray) -> int:
-    """The longest run of 10 ms frames above -40 dBFS in ``out``: what a VAD could take for speech."""
-    frames = out[: len(out) // 160 * 160].reshape(-1, 160)
-    loud = np.mean(frames.astype(np.float64) ** 2, axis=1) > 1e-4
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], loud.astype(int), [0]]))))[::2]
-    return int(runs.max()) if runs.size else 0
-
-
 def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voices) -> None:
     """A phone call's first echo came back 0.7 s after the bot's first audio (the speakerphone test,
     once in ~8 calls): the quiet microphone before it had been taken as "no echo here" (an ERL of
@@ -153,7 +145,7 @@ def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voices) -> None
         # the run of echo a VAD takes for a caller (measured: the loud frames were 26 before and after)
         full = EchoCanceller()
         out = through_canceller(full, mic, far, rate=SR).astype(np.float32) / 32768
-        longest.append(_loud_runs(out))
+        longest.append(longest_loud_run(out))
     print(f"\n[echo on its way] longest run of loud 10 ms frames per render: {longest}")
     # no 150 ms of echo in a row (Pipecat's VAD wants 200 ms; random renders: up to 13-17 frames,
     # 26 before the fix)
@@ -186,7 +178,7 @@ def test_a_reply_after_a_silence_whose_echo_moved_leaves_no_run_of_residue(bot_v
 
     def longest_in_the_second_reply() -> int:
         out = through_canceller(EchoCanceller(), to_int16(mic), to_int16(far), rate=SR).astype(np.float32) / 32768
-        return _loud_runs(out[start : start + 2 * SR])
+        return longest_loud_run(out[start : start + 2 * SR])
 
     measured = longest_in_the_second_reply()
     monkeypatch.setattr(echo_module, "REPLY_GAP", 10**12)  # never a new talk spurt: the ERLE of the first reply holds
@@ -410,12 +402,12 @@ def test_the_bots_last_words_come_back_later_than_located_and_are_not_a_caller(
         return out, canceller
 
     out, canceller = run(echo + noise)
-    late = _loud_runs(out[n1:])
+    late = longest_loud_run(out[n1:])
     said, _ = run(echo + voice + noise)
     talk = [i for i in range(k, k + len(caller) - 160, 160) if np.mean(voice[i : i + 160] ** 2) > np.mean(caller**2)]
     ducked = [i for i in talk if np.mean(said[i : i + 160] ** 2) < 0.01 * np.mean(voice[i : i + 160] ** 2)]
     monkeypatch.setattr(echo_module, "LATE_CORR", 2.0)  # a correlation never reaches it: the check off
-    control = _loud_runs(run(echo + noise)[0][n1:])
+    control = longest_loud_run(run(echo + noise)[0][n1:])
     print(
         f"\n[late echo, {gain_db} dB] longest loud run after the reply: {late} (control {control}); "
         f"late frames muted {canceller.stats.late_frames}; caller frames ducked {len(ducked)} of {len(talk)}"
