@@ -152,6 +152,13 @@ def test_an_echo_still_on_its_way_is_not_measured_as_no_echo(bot_voices) -> None
     assert max(longest) <= 15, longest
 
 
+def _echo_of(x: np.ndarray, delay_ms: float, n: int, gain_db: float) -> np.ndarray:
+    """The first ``n`` samples of ``x``'s echo through a small room, ``delay_ms`` late."""
+    path = EchoPath(sample_rate=SR, delay_ms=delay_ms, gain_db=gain_db, room=Room(rt60_s=0.3, seed=3))
+    path.push(x, at_sample=0)
+    return path.pull(n)
+
+
 @pytest.mark.parametrize("gain_db", [-6, 0])
 def test_a_reply_after_a_silence_whose_echo_moved_leaves_no_run_of_residue(bot_voices, gain_db, monkeypatch) -> None:
     """Between two replies the echo's path moves (a browser's jitter buffer starts each talk spurt
@@ -165,13 +172,8 @@ def test_a_reply_after_a_silence_whose_echo_moved_leaves_no_run_of_residue(bot_v
     first, second = bot_voices[1], bot_voices[3]
     gap = 2 * SR
 
-    def echo_of(x: np.ndarray, delay_ms: float, n: int) -> np.ndarray:
-        path = EchoPath(sample_rate=SR, delay_ms=delay_ms, gain_db=gain_db, room=Room(rt60_s=0.3, seed=3))
-        path.push(x, at_sample=0)
-        return path.pull(n)
-
     n2 = (len(second) + SR) // 320 * 320
-    mic = np.concatenate([echo_of(first, 200, len(first) + gap), echo_of(second, 140, n2)])
+    mic = np.concatenate([_echo_of(first, 200, len(first) + gap, gain_db), _echo_of(second, 140, n2, gain_db)])
     mic += np.random.default_rng(0).standard_normal(len(mic)).astype(np.float32) * 1e-3
     far = np.concatenate([first, np.zeros(gap, np.float32), second])
     start = len(first) + gap
@@ -379,17 +381,12 @@ def test_the_bots_last_words_come_back_later_than_located_and_are_not_a_caller(
     phrase does not correlate and is kept. The control (the check off) passes a run a VAD takes."""
     import agent.runtime.echo as echo_module
 
-    def echo_of(x: np.ndarray, delay_ms: float, n: int) -> np.ndarray:
-        path = EchoPath(sample_rate=SR, delay_ms=delay_ms, gain_db=gain_db, room=Room(rt60_s=0.3, seed=3))
-        path.push(x, at_sample=0)
-        return path.pull(n)
-
     first, phrase = bot_voices[1], bot_voices[2][int(0.3 * SR) : int(1.1 * SR)]
     n1, tail = len(first), 2 * SR
     far = np.concatenate([first, phrase, np.zeros(tail, np.float32)])
     echo = np.zeros(len(far), np.float32)
-    echo[: n1 + SR // 4] += echo_of(first, 250, n1 + SR // 4)
-    echo[n1:] += echo_of(phrase, 650, len(far) - n1)
+    echo[: n1 + SR // 4] += _echo_of(first, 250, n1 + SR // 4, gain_db)
+    echo[n1:] += _echo_of(phrase, 650, len(far) - n1, gain_db)
     noise = np.random.default_rng(0).standard_normal(len(far)).astype(np.float32) * 1e-3
     caller = _caller("Sorry, I need a train to Boston.")
     voice = np.zeros_like(echo)
