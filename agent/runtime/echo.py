@@ -712,7 +712,11 @@ class EchoCanceller:
             loudest = 0.0  # full scale: nothing is that far above it
         aec_passes = out_db >= predicted - erle + self.residue_margin_db  # AEC3 left more than residue
         talking = self.double_talk and self._caller_over_bot(mic_db, loudest, linear, linear_erle, aec_passes)
-        self._since_talk = 0 if talking else self._since_talk + 1
+        # the caller is over the bot also when the mic stands clear of the loudest echo, whether or
+        # not the double-talk check hands that frame on: the delay estimate and the linear model
+        # must not learn from it (a caller over a quiet echo put up false delays 400 ms off)
+        over = mic_db > max(loudest, self._floor_db) + self.double_talk_margin_db
+        self._since_talk = 0 if talking or over else self._since_talk + 1
         self._talk_run = self._talk_run + 1 if talking else 0
         if self._talk_run > TALK_MAX and self._linear_ok:
             # "the caller" for this long, over the bot, is more likely the echo path changed under

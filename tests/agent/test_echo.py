@@ -414,3 +414,28 @@ def test_the_bots_last_words_come_back_later_than_located_and_are_not_a_caller(
     assert late <= 20, (late, control)  # measured: 17
     assert canceller.stats.late_frames > 0
     assert len(ducked) <= 0.1 * len(talk), (len(ducked), len(talk))  # the caller answering is kept
+
+
+@pytest.mark.parametrize("onset_s", [2.0, 3.5])
+def test_a_caller_over_a_quiet_echo_does_not_move_its_delay(bot_voice, onset_s) -> None:
+    """A caller well above a quiet echo (-12 dB) talks over the bot: their speech puts a false peak
+    into the delay search (offline, 710-770 ms against the true ~300), and adopting it cost the
+    caller a second of being heard. Frames whose mic stands clear of the loudest echo count as the
+    caller's for the estimator's guard, with the double-talk pass off as well. The control (a margin
+    nothing clears: the guard then never fires, as before) adopts the false delay."""
+    echo, noise = _scene(bot_voice, delay_ms=300, gain_db=-12, drift=1.0)
+    caller = _caller("Wait, stop. Can you tell me the capital of Italy?")
+    voice = np.zeros_like(echo)
+    k = int(onset_s * SR)
+    voice[k : k + len(caller)] = caller[: len(voice) - k]
+    mic, far = to_int16(echo + voice + noise), to_int16(bot_voice)
+
+    def delays(**kw) -> list[float]:
+        canceller = EchoCanceller(**kw)
+        through_canceller(canceller, mic, far, rate=SR)
+        return [round(d) for _t, d, _c in canceller.stats.delay_history]
+
+    measured, control = delays(), delays(double_talk_margin_db=float("inf"))
+    print(f"\n[caller over a quiet echo, {onset_s} s] delays adopted {measured} (control {control})")
+    assert any(abs(d - 300) > 150 for d in control), control  # the premise: the caller moves it without the guard
+    assert measured and all(abs(d - 300) < 60 for d in measured), measured
