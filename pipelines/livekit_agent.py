@@ -109,6 +109,7 @@ from livekit.agents.utils import AudioBuffer
 
 from agent.livekit import DEFAULT_URL, StreamvoxTTS
 from agent.livekit_echo import EchoCheckedAgent, LiveKitEcho
+from pipelines.loop_watch import freeze_startup_heap
 from pipelines.persona import echo_mode, env_number, greeting, llm_temperature, system_prompt
 
 log = logging.getLogger("streamvox.livekit_agent")
@@ -412,6 +413,7 @@ def prewarm(proc: JobProcess) -> None:
     proc.userdata["vad"] = silero.VAD.load()
     proc.userdata["stt"] = WhisperSTT().load()
     log.info("VAD and Whisper loaded in %.1f s", time.perf_counter() - t0)
+    freeze_startup_heap()  # a call's full collections walk only what it made (pipelines.loop_watch)
 
 
 server = AgentServer(setup_fnc=prewarm)

@@ -67,6 +67,7 @@ from aiohttp import web
 
 from .llm_repeats import SentenceRepeats
 from .llm_spelling import CachedSpelling
+from .loop_watch import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8766
@@ -1028,6 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LLMLoadError, ValueError) as exc:
         print(f"local_llm: {exc}")
         return 2
+    freeze_startup_heap()  # a full collection holds the GIL, and decoding with it (pipelines.loop_watch)
     print(f"local LLM {llm.name} at http://{args.host}:{args.port}/v1", flush=True)
     web.run_app(build_app(llm), host=args.host, port=args.port, print=None, access_log=None)
     return 0

@@ -10,11 +10,18 @@ A heartbeat task on the loop and a thread that watches it: when the heartbeat is
 ``threshold_s`` the thread samples the loop thread's stack once (what holds the loop, caught while
 it holds it); when the heartbeat comes back the stall's length is recorded, and logged with that
 stack. The figures (``stalls``, ``worst_s``) are in ``/healthz``.
+
+A stall the thread cannot sample held the GIL as well. One such holder is the garbage collector: a
+full (generation 2) collection walks every tracked object, and a process that has loaded Whisper,
+Pipecat and aiortc holds hundreds of thousands of them, none of which will ever be garbage. The
+watch times collections (``gc.callbacks``) and names one that overlapped a stall;
+:func:`freeze_startup_heap` takes what start-up loaded out of the collector's walk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 import time
@@ -24,9 +31,20 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-__all__ = ["LoopWatch", "Stall"]
+__all__ = ["LoopWatch", "Stall", "freeze_startup_heap"]
 
 LOG_EVERY_S = 5.0
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive into the collector's permanent generation; returns
+    how many. Call it when start-up has loaded what every call shares. Why: each full collection
+    walked those objects with the GIL held; at a page call's start one held the agent's event loop
+    ~0.25 s, its audio leaving in a burst after it (docs/BENCHMARKS.md, "Calls at once"). Frozen
+    objects are never collected: a model or a module loaded for the process's life is not garbage."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +74,29 @@ class LoopWatch:
         self._task: asyncio.Task | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._gc_started: float | None = None
+        self._gc_last: tuple[float, float, int] | None = None  # (ended at, seconds, generation)
+
+    def _gc_timed(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.monotonic()
+        elif self._gc_started is not None:
+            now = time.monotonic()
+            self._gc_last = (now, now - self._gc_started, info.get("generation", -1))
+            self._gc_started = None
+
+    def _blame(self, since: float) -> str:
+        """The sampled stack (if any) of a stall since ``since``, and a collection that ran in it."""
+        where = self._where or "(not sampled)"
+        last = self._gc_last
+        if last is not None and last[0] >= since and last[1] >= 0.5 * self.threshold_s:
+            where += f"\n(a garbage collection of generation {last[2]} ran {1000 * last[1]:.0f} ms in it)"
+        return where
 
     def start(self) -> None:
         """On the running loop: the heartbeat task, and the watching thread."""
+        if self._gc_timed not in gc.callbacks:
+            gc.callbacks.append(self._gc_timed)
         self._loop_thread = threading.get_ident()
         self._beat = time.monotonic()
         self._stop.clear()
@@ -67,6 +105,8 @@ class LoopWatch:
         self._thread.start()
 
     async def stop(self) -> None:
+        if self._gc_timed in gc.callbacks:
+            gc.callbacks.remove(self._gc_timed)
         self._stop.set()
         if self._task is not None:
             self._task.cancel()
@@ -85,7 +125,7 @@ class LoopWatch:
             held = now - last - self.interval_s
             self._beat = now
             if held > self.threshold_s:
-                self._record(Stall(last, held, self._where or "(not sampled)"))
+                self._record(Stall(last, held, self._blame(last)))
             self._where = None
 
     def _record(self, stall: Stall) -> None:

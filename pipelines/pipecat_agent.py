@@ -69,6 +69,7 @@ from agent.pipecat_echo import PipecatEcho
 from agent.pipecat_speculation import SpeculativeAudioHold, hold_audio_not_text
 from agent.pipecat_yield import YieldGate
 from agent.webrtc_uplink import release_audio_sooner, uplink_mode
+from pipelines.loop_watch import freeze_startup_heap
 from pipelines.persona import GREETING, SYSTEM_PROMPT, echo_mode, env_number, greeting, llm_temperature, system_prompt
 from pipelines.pipecat_call_guard import CallGuard
 from pipelines.pipecat_figures import StageFigures
@@ -596,6 +597,7 @@ def main(argv: list[str] | None = None) -> None:
         _check_parts(config, prompts)
         words = turn_words(config)  # loaded before the banner, not in the first call's event loop
         preload(config)  # ... and the rest of what every call shares
+        freeze_startup_heap()  # full collections walk only what calls make (pipelines.loop_watch)
         if config.end_of_turn == "judge":
             judged = "the transcript's cue and SmolLM2's reading of the words" if words else "the transcript's cue"
             print(f"end of turn: the judge ({judged}; STREAMVOX_END_OF_TURN=smart-turn for smart-turn's)", flush=True)
