@@ -82,14 +82,15 @@ class LoopWatch:
             self._gc_started = time.monotonic()
         elif self._gc_started is not None:
             now = time.monotonic()
-            self._gc_last = (now, now - self._gc_started, info.get("generation", -1))
+            if now - self._gc_started >= 0.5 * self.threshold_s:  # the short ones that follow do not hide it
+                self._gc_last = (now, now - self._gc_started, info.get("generation", -1))
             self._gc_started = None
 
     def _blame(self, since: float) -> str:
         """The sampled stack (if any) of a stall since ``since``, and a collection that ran in it."""
         where = self._where or "(not sampled)"
         last = self._gc_last
-        if last is not None and last[0] >= since and last[1] >= 0.5 * self.threshold_s:
+        if last is not None and last[0] >= since:
             where += f"\n(a garbage collection of generation {last[2]} ran {1000 * last[1]:.0f} ms in it)"
         return where
 
