@@ -40,7 +40,7 @@ def freeze_startup_heap() -> int:
     """Collect once, then move every object alive into the collector's permanent generation; returns
     how many. Call it when start-up has loaded what every call shares. Why: each full collection
     walked those objects with the GIL held; at a page call's start one held the agent's event loop
-    ~0.25 s, its audio leaving in a burst after it (docs/BENCHMARKS.md, "Calls at once"). Frozen
+    long enough for its audio to leave in a burst (docs/BENCHMARKS.md, "Calls at once"). Frozen
     objects are never collected: a model or a module loaded for the process's life is not garbage."""
     gc.collect()
     gc.freeze()

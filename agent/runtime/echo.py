@@ -714,7 +714,7 @@ class EchoCanceller:
         talking = self.double_talk and self._caller_over_bot(mic_db, loudest, linear, linear_erle, aec_passes)
         # the caller is over the bot also when the mic stands clear of the loudest echo, whether or
         # not the double-talk check hands that frame on: the delay estimate and the linear model
-        # must not learn from it (a caller over a quiet echo put up false delays 400 ms off)
+        # must not learn from it (a caller over a quiet echo put up false delays: BENCHMARKS, "Echo")
         over = mic_db > max(loudest, self._floor_db) + self.double_talk_margin_db
         self._since_talk = 0 if talking or over else self._since_talk + 1
         self._talk_run = self._talk_run + 1 if talking else 0
