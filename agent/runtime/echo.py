@@ -711,11 +711,11 @@ class EchoCanceller:
         if len(self._erl) < ERL_FRAMES:
             loudest = 0.0  # full scale: nothing is that far above it
         aec_passes = out_db >= predicted - erle + self.residue_margin_db  # AEC3 left more than residue
-        talking = self.double_talk and self._caller_over_bot(mic_db, loudest, linear, linear_erle, aec_passes)
-        # the caller is over the bot also when the mic stands clear of the loudest echo, whether or
-        # not the double-talk check hands that frame on: the delay estimate and the linear model
-        # must not learn from it (a caller over a quiet echo put up false delays: BENCHMARKS, "Echo")
+        # the caller is over the bot when the mic stands clear of the loudest echo, whether or not
+        # the double-talk check hands that frame on: the delay estimate and the linear model must
+        # not learn from it (a caller over a quiet echo put up false delays: BENCHMARKS, "Echo")
         over = mic_db > max(loudest, self._floor_db) + self.double_talk_margin_db
+        talking = self.double_talk and self._caller_over_bot(over, mic_db, linear, linear_erle, aec_passes)
         self._since_talk = 0 if talking or over else self._since_talk + 1
         self._talk_run = self._talk_run + 1 if talking else 0
         if self._talk_run > TALK_MAX and self._linear_ok:
@@ -759,16 +759,16 @@ class EchoCanceller:
 
     def _caller_over_bot(
         self,
+        over: bool,
         mic_db: float,
-        predicted: float,
         linear: np.ndarray | None,
         linear_erle: float | None,
         aec_passes: bool,
     ) -> bool:
         """The double-talk check: is the caller speaking in this frame, over the bot's echo?
 
-        Yes when the microphone is well above the loudest echo the reference predicts (whatever
-        echo is in it lies that far below the caller), or when the linear model's output is well
+        Yes when ``over`` (the microphone well above the loudest echo the reference predicts:
+        whatever echo is in it lies that far below the caller), or when the linear model's output is well
         above what it leaves of the echo on echo-only frames (the caller's speech is what it cannot
         predict). Neither prediction goes below the line's noise floor: noise is not a caller. A
         decision holds a while (``TALK_HOLD``): a word's quiet tail is the caller's too.
@@ -785,7 +785,7 @@ class EchoCanceller:
         while AEC3 follows such a move itself. The hold bridges the caller's frames AEC3 ducks.
         """
         floor = self._floor_db
-        talking = mic_db > max(predicted, floor) + self.double_talk_margin_db
+        talking = over  # the microphone clear of the loudest echo by the margin (computed by _judge)
         if not talking and linear is not None and linear_erle is not None:
             out_db = _db(linear)
             residue = max(self._linear.echo_db - linear_erle, floor)
