@@ -4,11 +4,12 @@ loop has none; the figures reach /healthz."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
 
-from pipelines.loop_watch import LoopWatch
+from pipelines.loop_watch import LoopWatch, freeze_startup_heap
 
 
 def hold_the_loop(seconds: float) -> None:
@@ -59,8 +60,6 @@ def _many_cycles(n: int) -> list:
 
 async def test_a_full_collection_that_holds_the_loop_is_named() -> None:
     """A collection holds the GIL: the thread cannot sample the stall, the gc callback names it."""
-    import gc
-
     heap = _many_cycles(1_500_000)
     watch = LoopWatch(threshold_s=0.05, interval_s=0.005, log=False)
     watch.start()
@@ -80,10 +79,6 @@ async def test_a_full_collection_that_holds_the_loop_is_named() -> None:
 
 def test_frozen_start_up_objects_leave_the_collectors_walk() -> None:
     """What start-up loaded is frozen: a full collection then walks only what came after."""
-    import gc
-
-    from pipelines.loop_watch import freeze_startup_heap
-
     heap = _many_cycles(300_000)
     try:
         started = time.perf_counter()
