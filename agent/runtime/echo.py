@@ -42,7 +42,14 @@ the bot's echo to pass. The path can also grow *longer* in a moment (a browser's
 hundreds of ms), and then the bot's last words come back after the reference at the located delay
 has gone quiet, when the gate sees "no bot audio arriving": until the search range is past, a
 frame that correlates with the bot's audio at a later lag is muted as such **late echo**
-(:meth:`EchoCanceller._late_echo`; a caller's speech does not correlate with it).
+(:meth:`EchoCanceller._late_echo`; a caller's speech does not correlate with it). The path can
+also move a few tens of ms *while the bot speaks*; AEC3 then removes little for a while, and a
+gate still expecting its converged enhancement would pass the echo as a caller. So a frame AEC3
+removed little from is asked the same question around the located delay (:meth:`_coherence`):
+echo the bot's audio predicts well is muted as echo AEC3 lost, and a frame it predicts poorly (a
+caller talking over the bot) is left out of what AEC3 is measured to remove — before, a caller's
+own frames, which AEC3 passes, talked that measure down to nothing and the gate then muted the
+rest of the caller.
 :func:`echo_transcript` is the last check: a transcript that only repeats words the bot just
 played is not a caller's turn.
 
@@ -115,6 +122,12 @@ TAIL = RATE // 2  # samples after the bot's audio stops arriving in which a room
 # correlating this much with the bot's audio at a later lag are its echo come late (_late_echo;
 # offline, echo 0.5-0.6 and a caller answering 0.14-0.31: tests/agent/test_echo.py)
 LATE_CORR, LATE_WINDOW = 0.4, RATE // 5
+# while the bot's audio arrives, an audible frame AEC3 removed less than COHERE_DB from is either
+# echo AEC3 lost (the path moved under it) or a caller; the microphone's last COHERE_WINDOW samples
+# correlating with the bot's audio around the located delay tell them apart (_bot_corr): ECHO_CORR
+# or more is echo, muted as residue; under CALLER_CORR it is not echo and stays out of ERLE
+ECHO_CORR, CALLER_CORR = 0.55, 0.45
+COHERE_DB, COHERE_WINDOW = 10.0, RATE // 10
 REPLY_GAP = RATE  # samples without the bot's audio after which it starts a new talk spurt
 
 
@@ -132,6 +145,7 @@ class EchoStats:
     muted_frames: int = 0  # echo residue passed on muted
     talk_frames: int = 0  # double talk: the caller over the bot, passed without AEC3's suppression
     late_frames: int = 0  # of the muted: echo come later than the located delay (_late_echo)
+    lost_frames: int = 0  # of the muted: echo AEC3 lost, told by its correlation with the bot's audio
     delay_ms: float | None = None  # the echo delay last estimated
     delay_updates: int = 0
     erl_db: float | None = None  # echo return loss: reference -> microphone
@@ -613,19 +627,35 @@ class EchoCanceller:
         """How much of the last ``LATE_WINDOW`` of microphone is the bot's audio from a lag later than
         the located delay (beyond its spread, to the search range's end): the largest normalised
         correlation with the reference over those lags (echo through a room: high; a caller: low)."""
-        d = self.delay
+        return self._bot_corr(at, (self.delay.delay or 0) + SPREAD + 1, self.delay.max_lag, LATE_WINDOW)
+
+    def _bot_corr(self, at: int, lo: int, hi: int, window: int) -> float:
+        """The largest normalised correlation of the microphone's last ``window`` samples (to the end
+        of the frame at ``at``) with the bot's audio at a lag from ``lo`` to ``hi`` samples: near 1 for
+        echo through a room, low for a caller's speech, which the bot's does not predict."""
+        lo, hi = max(0, lo), min(self.delay.max_lag, hi)
+        if hi < lo:
+            return 0.0
         end = at + FRAME
-        near = self._mic.read(end - LATE_WINDOW, end).astype(np.float64)
-        ref = self._ref.read(end - LATE_WINDOW - d.max_lag, end).astype(np.float64)
+        near = self._mic.read(end - window, end).astype(np.float64)
+        ref = self._ref.read(end - window - hi, end - lo).astype(np.float64)
+        span = hi - lo
         size = 1 << int(np.ceil(np.log2(len(ref))))
-        corr = np.fft.irfft(np.conj(np.fft.rfft(near, size)) * np.fft.rfft(ref, size), size)[: d.max_lag + 1]
-        # corr[k]: near against ref[k : k + LATE_WINDOW], the lag max_lag - k; its energy by cumulative sums
+        corr = np.fft.irfft(np.conj(np.fft.rfft(near, size)) * np.fft.rfft(ref, size), size)[: span + 1]
+        # corr[k]: near against ref[k : k + window], the lag hi - k; its energy by cumulative sums
         c = np.concatenate([[0.0], np.cumsum(ref * ref)])
-        energy = c[LATE_WINDOW : LATE_WINDOW + d.max_lag + 1] - c[: d.max_lag + 1]
-        lags = d.max_lag - np.arange(d.max_lag + 1)
-        late = lags > (d.delay or 0) + SPREAD
+        energy = c[window : window + span + 1] - c[: span + 1]
         norm = np.sqrt(energy * float(near @ near)) + 1e-12
-        return float(np.max(np.abs(corr[late]) / norm[late])) if late.any() else 0.0
+        return float(np.max(np.abs(corr) / norm))
+
+    def _coherence(self, at: int, mic_db: float, out_db: float) -> float | None:
+        """How much an audible frame that AEC3 removed little from is the bot's echo (``_bot_corr``
+        around the located delay, over the whole search range before); None for any other frame."""
+        if mic_db <= self._floor_db + 10.0 or mic_db - out_db >= COHERE_DB:
+            return None
+        delay = self.delay.delay
+        lo, hi = (0, self.delay.max_lag) if delay is None else (delay - SPREAD, delay + SPREAD)
+        return self._bot_corr(at, lo, hi, COHERE_WINDOW)
 
     def _loudest_db(self, at: int) -> float:
         """The loudest 10 ms of the bot that may be arriving as echo at ``at``.
@@ -716,6 +746,7 @@ class EchoCanceller:
         # not learn from it (a caller over a quiet echo put up false delays: BENCHMARKS, "Echo")
         over = mic_db > max(loudest, self._floor_db) + self.double_talk_margin_db
         talking = self.double_talk and self._caller_over_bot(over, mic_db, linear, linear_erle, aec_passes)
+        corr = self._coherence(at, mic_db, out_db) if not over else None
         self._since_talk = 0 if talking or over else self._since_talk + 1
         self._talk_run = self._talk_run + 1 if talking else 0
         if self._talk_run > TALK_MAX and self._linear_ok:
@@ -739,7 +770,7 @@ class EchoCanceller:
         settled = self.delay.delay is not None or at - self._far_since >= self.delay.max_lag
         if settled and (mic_db - out_db >= 6.0 or mic_db - ref_db <= -20.0):
             self._erl.append(max(mic_db, _FLOOR_DB + 5.0) - ref_db)
-        if echo_only and out_db > _FLOOR_DB + 5.0:
+        if echo_only and out_db > _FLOOR_DB + 5.0 and (corr is None or corr >= CALLER_CORR):
             self._erle.append(mic_db - out_db)
             self._erle_long.append(mic_db - out_db)
         self.stats.erl_db = erl if len(self._erl) >= MIN_MEASURED else None
@@ -752,6 +783,10 @@ class EchoCanceller:
             return mic if linear_erle is None else linear
         if self.gate_residue and out_db < predicted - erle + self.residue_margin_db:
             self.stats.muted_frames += 1
+            return np.zeros_like(out)
+        if self.gate_residue and corr is not None and corr >= ECHO_CORR and self.delay.delay is not None:
+            self.stats.muted_frames += 1
+            self.stats.lost_frames += 1
             return np.zeros_like(out)
         self._residue_db = predicted - erle
         self._margin = out_db - self._residue_db

@@ -70,8 +70,10 @@ def test_the_caller_over_the_bot_is_kept(bot_voices) -> None:
     """Double talk: the caller's speech passes, about as much of it as AEC3 itself lets through.
 
     AEC3's own suppressor ducks some of a caller who talks over the bot at the echo's level; the
-    residue gate adds to that, by render (the four fixed ones: +1 / +54 / +10 / +3 points of the
-    caller's loud frames; random renders 3-41: BENCHMARKS "Echo") but must not mute the caller.
+    residue gate adds to that, by render (the four fixed ones: +1 / +8 / +2 / +1 points of the
+    caller's loud frames; +1 / +54 / +10 / +3 before the caller's frames, which the bot's audio does
+    not predict, were kept out of what AEC3 is measured to remove: BENCHMARKS "Echo") but must not
+    mute the caller.
     """
     caller = _caller("Wait, can you tell me the capital of Italy?")
     added, kept_db = [], []
@@ -90,7 +92,8 @@ def test_the_caller_over_the_bot_is_kept(bot_voices) -> None:
     print(
         f"\n[caller kept] loud caller frames the gate ducks beyond AEC3, per render: {added}; energy kept {kept_db} dB"
     )
-    assert np.mean(added) <= 0.25, added  # measured: 0.17 on average, 0.54 on one render
+    assert np.mean(added) <= 0.1, added  # measured: 0.03 on average (0.15 before CALLER_CORR)
+    assert max(added) <= 0.3, added  # measured: 0.08 at most (0.54 on one render before)
     assert min(kept_db) > -10.0, kept_db  # most of the caller's energy is there on every render
 
 
@@ -442,3 +445,36 @@ def test_a_caller_over_a_quiet_echo_does_not_move_its_delay(bot_voice, onset_s) 
     print(f"\n[caller over a quiet echo, {onset_s} s] delays adopted {measured} (control {control})")
     assert any(abs(d - 300) > 150 for d in control), control  # the premise: the caller moves it without the guard
     assert measured and all(abs(d - 300) < 60 for d in measured), measured
+
+
+@pytest.mark.parametrize("gain_db", [-6, 0])
+def test_an_echo_path_that_moves_while_the_bot_speaks_leaves_no_run_of_residue(bot_voice, gain_db, monkeypatch) -> None:
+    """The page's echo path can move *while the bot speaks* (a trace: ~33 ms, AEC3 then removing
+    0-3 dB for ~250 ms while the gate still expected its converged 29 dB, and the bot stopped for its
+    own residue). Here the path shortens by 30 ms 5.5 s into the greeting. The frames AEC3 removes
+    little from are judged by how well the bot's audio around the located delay predicts them:
+    echo AEC3 lost is muted (``ECHO_CORR``). The control (the check off) passes a run a VAD takes
+    for a caller."""
+    import agent.runtime.echo as echo_module
+
+    n = (len(bot_voice) + SR) // 320 * 320
+    before, after = _echo_of(bot_voice, 250, n, gain_db), _echo_of(bot_voice, 220, n, gain_db)
+    k = int(5.5 * SR)
+    moved = np.clip((np.arange(n) - k) / 160, 0.0, 1.0).astype(np.float32)  # a 10 ms crossfade
+    mic = before * (1 - moved) + after * moved + np.random.default_rng(0).standard_normal(n).astype(np.float32) * 1e-3
+
+    def longest_after_the_move() -> tuple[int, EchoCanceller]:
+        canceller = EchoCanceller()
+        out = through_canceller(canceller, to_int16(mic), to_int16(bot_voice), rate=SR).astype(np.float32) / 32768
+        return longest_loud_run(out[k:]), canceller
+
+    measured, canceller = longest_after_the_move()
+    monkeypatch.setattr(echo_module, "ECHO_CORR", 2.0)  # a correlation never reaches it: the check off
+    control, _ = longest_after_the_move()
+    print(
+        f"\n[path moved mid-speech, {gain_db} dB] longest loud run after the move: {measured} (control {control}); "
+        f"lost echo muted {canceller.stats.lost_frames}"
+    )
+    assert control >= 20, control  # the premise: without the check the residue passes as a run (27)
+    assert measured <= 15, (measured, control)  # generous: 10 offline
+    assert canceller.stats.lost_frames > 0
