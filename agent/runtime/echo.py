@@ -654,6 +654,8 @@ class EchoCanceller:
         if mic_db <= self._floor_db + 10.0 or mic_db - out_db >= COHERE_DB:
             return None
         delay = self.delay.delay
+        if delay is None and self.stats.far_frames >= ABSENT_FRAMES:
+            return None  # no echo found: the caller's audio passes as it came (_frame), nothing to tell apart
         lo, hi = (0, self.delay.max_lag) if delay is None else (delay - SPREAD, delay + SPREAD)
         return self._bot_corr(at, lo, hi, COHERE_WINDOW)
 

@@ -478,3 +478,30 @@ def test_an_echo_path_that_moves_while_the_bot_speaks_leaves_no_run_of_residue(b
     assert control >= 20, control  # the premise: without the check the residue passes as a run (27)
     assert measured <= 15, (measured, control)  # generous: 10 offline
     assert canceller.stats.lost_frames > 0
+
+
+def test_with_no_echo_a_caller_right_after_the_bot_costs_no_correlation(bot_voice, monkeypatch) -> None:
+    """Headphones: no echo is ever located, and after ``ABSENT_FRAMES`` of the bot the caller's audio
+    passes as it came. A caller who answers 0.4 s after the bot stops is still within the search
+    range of its audio, but the correlation check (0.5 ms a frame over the whole range) has nothing
+    to tell apart there and must not run; the caller passes untouched either way. (At 0.2 s this
+    caller puts up a false first delay, ~700 ms, with no echo at all: open, BENCHMARKS "Echo".)"""
+    caller = _caller("Sorry, I need a train to Boston.")
+    k = len(bot_voice) + int(0.4 * SR)
+    n = (k + len(caller) + SR) // 320 * 320
+    mic = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 1e-3
+    mic[k : k + len(caller)] += caller
+    calls = []
+    original = EchoCanceller._bot_corr
+    monkeypatch.setattr(EchoCanceller, "_bot_corr", lambda self, *a: calls.append(a) or original(self, *a))
+    canceller = EchoCanceller()
+    out = through_canceller(canceller, to_int16(mic), to_int16(bot_voice), rate=SR).astype(np.float32) / 32768
+    said = slice(k, k + len(caller))
+    kept_db = 10 * np.log10(np.mean(out[said] ** 2) / np.mean(mic[said] ** 2))
+    assert canceller.stats.delay_ms is None  # the premise: no echo located
+    assert kept_db > -1.0, kept_db  # the caller passes as it came
+    # on the sample clock (through_canceller's first sample plays at 1.0 s): after the bot's audio
+    # ended, where only the caller is; the call's first frames (the line's noise floor not yet
+    # measured, no verdict on the echo yet) may run it
+    after_the_bot = [a for a in calls if a[0] >= SR + len(bot_voice)]
+    assert after_the_bot == [], len(after_the_bot)
