@@ -128,12 +128,31 @@ LATE_CORR, LATE_WINDOW = 0.4, RATE // 5
 # or more is echo, muted as residue; under CALLER_CORR it is not echo and stays out of ERLE
 ECHO_CORR, CALLER_CORR = 0.55, 0.45
 COHERE_DB, COHERE_WINDOW = 10.0, RATE // 10
+# a first delay is adopted only where the microphone's loudness, 10 ms frame by frame over the
+# estimator's window, follows the bot's at that lag at least this much (Pearson r of their dB): an
+# echo does, even under a caller; a caller answering just after the bot does not, and GCC-PHAT can
+# still find a sure peak between their first words and the bot's last (tests/agent/test_echo.py)
+FIRST_ENVELOPE_R = 0.35
 REPLY_GAP = RATE  # samples without the bot's audio after which it starts a new talk spurt
 
 
 def _db(x: np.ndarray) -> float:
     p = float(np.mean(x.astype(np.float64) ** 2)) if x.size else 0.0
     return 10.0 * np.log10(p) if p > 1e-9 else _FLOOR_DB
+
+
+def _envelope_r(near: np.ndarray, ref: np.ndarray, delay: int, max_lag: int) -> float:
+    """How well the microphone's loudness follows the bot's ``delay`` samples earlier: the Pearson
+    correlation of their 10 ms frames' dB over the window (``ref`` as the delay estimator reads it,
+    ``max_lag`` samples longer than ``near``), over the frames where either is audible."""
+    w = len(near) // FRAME * FRAME
+    seg = ref[max_lag - delay : max_lag - delay + w]
+    near_db = 10 * np.log10(np.mean(near[:w].reshape(-1, FRAME).astype(np.float64) ** 2, axis=1) + 1e-10)
+    ref_db = 10 * np.log10(np.mean(seg.reshape(-1, FRAME).astype(np.float64) ** 2, axis=1) + 1e-10)
+    keep = (ref_db > -50.0) | (near_db > np.percentile(near_db, 10) + 10.0)
+    if keep.sum() < 20 or np.std(near_db[keep]) == 0 or np.std(ref_db[keep]) == 0:
+        return 0.0
+    return float(np.corrcoef(near_db[keep], ref_db[keep])[0, 1])
 
 
 @dataclass
@@ -146,6 +165,7 @@ class EchoStats:
     talk_frames: int = 0  # double talk: the caller over the bot, passed without AEC3's suppression
     late_frames: int = 0  # of the muted: echo come later than the located delay (_late_echo)
     lost_frames: int = 0  # of the muted: echo AEC3 lost, told by its correlation with the bot's audio
+    false_firsts: int = 0  # first delays found that the microphone's loudness did not follow (not adopted)
     delay_ms: float | None = None  # the echo delay last estimated
     delay_updates: int = 0
     erl_db: float | None = None  # echo return loss: reference -> microphone
@@ -594,7 +614,12 @@ class EchoCanceller:
             # up, twice in a row, and moving the delay then would cost the caller the linear model
             return
         near = self._mic.read(now - d.window, now)
+        first = d.delay is None
         adopted = d.update(near, ref)
+        if adopted is not None and first and _envelope_r(near, ref, adopted[0], d.max_lag) < FIRST_ENVELOPE_R:
+            d.delay = None  # no echo's loudness behind the peak: none located yet
+            self.stats.false_firsts += 1
+            return
         if adopted is not None:
             delay, confidence = adopted
             self._retarget(delay)
