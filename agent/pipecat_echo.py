@@ -91,7 +91,8 @@ class PipecatEcho:
         return (
             f"frames {st.frames}, with the bot's echo {st.far_frames}, muted {st.muted_frames} (late echo "
             f"{st.late_frames}, lost echo {st.lost_frames}), double talk "
-            f"{st.talk_frames}; delays adopted {st.delay_updates} [{moves}] ms (first ones refused {st.false_firsts}); ERLE {_fmt(st.erle_db)} dB; "
+            f"{st.talk_frames}; delays adopted {st.delay_updates} [{moves}] ms (first ones refused "
+            f"{st.false_firsts}); ERLE {_fmt(st.erle_db)} dB; "
             f"transcripts dropped as echo {len(self.dropped_transcripts)}"
         )
 

@@ -21,7 +21,9 @@ is 100-500 ms and drifts, and a phone line's may be longer; so the **bulk delay*
 GCC-PHAT cross-correlation of the microphone and the reference over the last seconds
 (:class:`DelayEstimator`), and the reference is handed to AEC3 shifted so that what is left of the
 delay is within AEC3's reach (the shift changes only when the delay leaves it: each change costs
-AEC3 a re-convergence).
+AEC3 a re-convergence). A first delay is adopted only where the microphone's loudness follows the
+bot's at that lag (``FIRST_ENVELOPE_R``): with no echo at all, a caller answering just after the bot
+can put up a sure correlation peak between their first words and the bot's last.
 
 **No echo at all** (headphones, a device that cancels its own) is the common case, and AEC3 left
 without an echo path still ducks a caller who talks over the bot; so after 1.5 s of the bot's audio
