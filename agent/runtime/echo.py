@@ -203,6 +203,7 @@ class DelayEstimator:
         self.hysteresis = int(RATE * hysteresis_ms / 1000)
         self.delay: int | None = None  # samples
         self._candidate: int | None = None  # a sure estimate waiting for a second one to agree
+        self.refused_firsts = 0  # first delays the microphone's loudness did not follow (FIRST_ENVELOPE_R)
 
     def estimate(self, near: np.ndarray, ref: np.ndarray) -> tuple[int, float]:
         """``near``: the last ``window`` mic samples; ``ref``: the ``max_lag + window`` reference
@@ -231,7 +232,8 @@ class DelayEstimator:
         A delay (the first one too) is adopted only when two sure estimates in a row agree on it:
         one window of the caller talking over the bot, of the bot's own pauses, or of a call's first
         second (little echo in it yet) can put a false peak above the threshold once, and every
-        adopted move costs AEC3 a re-convergence.
+        adopted move costs AEC3 a re-convergence. The first one also only where the microphone's
+        loudness follows the bot's at that lag (``FIRST_ENVELOPE_R``, :func:`_envelope_r`).
         """
         delay, confidence = self.estimate(near, ref)
         # finding an echo where there was none costs more (the caller is then ducked by AEC3) than
@@ -244,7 +246,11 @@ class DelayEstimator:
         candidate, self._candidate = self._candidate, delay
         if candidate is None or abs(candidate - delay) > self.hysteresis:
             return None  # the first estimate too: early in a call a window holds little echo
-        self.delay, self._candidate = delay, None
+        self._candidate = None
+        if self.delay is None and _envelope_r(near, ref, delay, self.max_lag) < FIRST_ENVELOPE_R:
+            self.refused_firsts += 1  # no echo's loudness behind the peak: none located yet
+            return None
+        self.delay = delay
         return delay, confidence
 
 
@@ -616,12 +622,8 @@ class EchoCanceller:
             # up, twice in a row, and moving the delay then would cost the caller the linear model
             return
         near = self._mic.read(now - d.window, now)
-        first = d.delay is None
         adopted = d.update(near, ref)
-        if adopted is not None and first and _envelope_r(near, ref, adopted[0], d.max_lag) < FIRST_ENVELOPE_R:
-            d.delay = None  # no echo's loudness behind the peak: none located yet
-            self.stats.false_firsts += 1
-            return
+        self.stats.false_firsts = d.refused_firsts
         if adopted is not None:
             delay, confidence = adopted
             self._retarget(delay)

@@ -480,23 +480,29 @@ def test_an_echo_path_that_moves_while_the_bot_speaks_leaves_no_run_of_residue(b
     assert canceller.stats.lost_frames > 0
 
 
+def _answer_after(bot_voice: np.ndarray, gap_s: float) -> tuple[np.ndarray, slice]:
+    """A microphone with no echo at all: the line's noise, and a caller answering ``gap_s`` after the
+    bot's audio ends (``through_canceller`` plays both from the same first sample); where they speak."""
+    caller = _caller("Sorry, I need a train to Boston.")
+    k = len(bot_voice) + int(gap_s * SR)
+    n = (k + len(caller) + SR) // 320 * 320
+    mic = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 1e-3
+    mic[k : k + len(caller)] += caller
+    return mic, slice(k, k + len(caller))
+
+
 def test_with_no_echo_a_caller_right_after_the_bot_costs_no_correlation(bot_voice, monkeypatch) -> None:
     """Headphones: no echo is ever located, and after ``ABSENT_FRAMES`` of the bot the caller's audio
     passes as it came. A caller who answers 0.4 s after the bot stops is still within the search
     range of its audio, but the correlation check (0.5 ms a frame over the whole range) has nothing
     to tell apart there and must not run; the caller passes untouched either way. (At 0.2 s this
     caller put up a false first delay: the next test.)"""
-    caller = _caller("Sorry, I need a train to Boston.")
-    k = len(bot_voice) + int(0.4 * SR)
-    n = (k + len(caller) + SR) // 320 * 320
-    mic = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 1e-3
-    mic[k : k + len(caller)] += caller
+    mic, said = _answer_after(bot_voice, 0.4)
     calls = []
     original = EchoCanceller._bot_corr
     monkeypatch.setattr(EchoCanceller, "_bot_corr", lambda self, *a: calls.append(a) or original(self, *a))
     canceller = EchoCanceller()
     out = through_canceller(canceller, to_int16(mic), to_int16(bot_voice), rate=SR).astype(np.float32) / 32768
-    said = slice(k, k + len(caller))
     kept_db = 10 * np.log10(np.mean(out[said] ** 2) / np.mean(mic[said] ** 2))
     assert canceller.stats.delay_ms is None  # the premise: no echo located
     assert kept_db > -1.0, kept_db  # the caller passes as it came
@@ -516,11 +522,7 @@ def test_a_caller_answering_just_after_the_bot_with_no_echo_locates_no_delay(bot
     control, the check off, adopts the false delay."""
     import agent.runtime.echo as echo_module
 
-    caller = _caller("Sorry, I need a train to Boston.")
-    k = len(bot_voice) + int(0.2 * SR)
-    n = (k + len(caller) + SR) // 320 * 320
-    mic = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 1e-3
-    mic[k : k + len(caller)] += caller
+    mic, _said = _answer_after(bot_voice, 0.2)
 
     def run() -> EchoCanceller:
         canceller = EchoCanceller()
